@@ -1,0 +1,21 @@
+//! CVRP instances: construction and validation, seeded generation, CVRPLIB `.vrp`/`.sol`
+//! files, JSON Lines datasets, and host-side batches for the models.
+//!
+//! Nodes are indexed depot first: node 0 is the depot and customers are `1..=n`, as in
+//! [`routeburn_cost`].
+
+mod batch;
+mod error;
+mod generate;
+mod instance;
+mod jsonl;
+mod sol;
+mod vrp;
+
+pub use batch::{normalize_coords, Batch};
+pub use error::{DataError, InstanceError};
+pub use generate::{kool_capacity, Generator, GeneratorConfig, InstanceRng};
+pub use instance::Instance;
+pub use jsonl::{read_jsonl, write_jsonl, DatasetReader, Record};
+pub use sol::{format_sol, parse_sol, read_sol, write_sol, SolFile};
+pub use vrp::{format_vrp, parse_vrp, read_vrp, write_vrp};
