@@ -1,1 +1,16 @@
+//! Training loops, baselines, checkpoints, metrics and the `routeburn` command line.
 
+pub mod baseline;
+pub mod checkpoint;
+pub mod cli;
+pub mod clip;
+pub mod commands;
+pub mod config;
+pub mod error;
+pub mod evaluate;
+pub mod inference;
+pub mod metrics;
+pub mod plot;
+pub mod training;
+
+pub use error::CliError;

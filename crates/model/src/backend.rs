@@ -1,0 +1,144 @@
+//! Turns the compiled cargo features into a Burn [`Device`].
+//!
+//! Burn 0.22 tensors carry no backend type: the features `ndarray`, `flex` and `cuda`
+//! decide which backends are compiled in, and a `Device` picks one at run time. We never
+//! use `Device::default()`, whose priority order (and the `BURN_DEVICE` variable) could
+//! silently change the device when features unify differently.
+
+use std::fmt;
+use std::str::FromStr;
+
+use burn::tensor::Device;
+use thiserror::Error;
+
+/// A tensor backend routeburn knows how to build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// `burn-ndarray`, the CPU backend of the project's original users.
+    Ndarray,
+    /// `burn-flex`, Burn's own recommended pure-Rust CPU backend.
+    Flex,
+    /// CUDA through CubeCL, on GPU 0.
+    Cuda,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum BackendError {
+    #[error("unknown backend `{0}`; expected one of: ndarray, flex, cuda")]
+    Unknown(String),
+    #[error("backend `{requested}` was not compiled into this binary (compiled: {compiled}); rebuild with `--features {requested}`, e.g. `cargo xtask train --backend {requested}`")]
+    NotCompiled { requested: Backend, compiled: String },
+    #[error("no backend was compiled in; build with one of the features ndarray, flex or cuda")]
+    NoneCompiled,
+}
+
+impl Backend {
+    pub const ALL: [Backend; 3] = [Backend::Ndarray, Backend::Flex, Backend::Cuda];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Ndarray => "ndarray",
+            Backend::Flex => "flex",
+            Backend::Cuda => "cuda",
+        }
+    }
+
+    pub fn is_compiled(self) -> bool {
+        match self {
+            Backend::Ndarray => cfg!(feature = "ndarray"),
+            Backend::Flex => cfg!(feature = "flex"),
+            Backend::Cuda => cfg!(feature = "cuda"),
+        }
+    }
+
+    /// Every backend compiled into this binary, in order of preference.
+    pub fn compiled() -> Vec<Backend> {
+        // CPU preference order: flex first (faster on this project's benches, see README),
+        // then ndarray. CUDA, when compiled in, is preferred over both.
+        [Backend::Cuda, Backend::Flex, Backend::Ndarray]
+            .into_iter()
+            .filter(|b| b.is_compiled())
+            .collect()
+    }
+
+    /// The backend used when the user names none: the first of [`Backend::compiled`].
+    pub fn default_compiled() -> Result<Backend, BackendError> {
+        Self::compiled()
+            .first()
+            .copied()
+            .ok_or(BackendError::NoneCompiled)
+    }
+
+    /// Resolves an optional user choice (`--backend`) against what was compiled in.
+    pub fn resolve(requested: Option<&str>) -> Result<Backend, BackendError> {
+        match requested {
+            None => Self::default_compiled(),
+            Some(name) => {
+                let b: Backend = name.parse()?;
+                if b.is_compiled() {
+                    Ok(b)
+                } else {
+                    Err(BackendError::NotCompiled {
+                        requested: b,
+                        compiled: Self::compiled()
+                            .iter()
+                            .map(|b| b.name())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    })
+                }
+            }
+        }
+    }
+
+    /// The inference device of this backend (no autodiff). Call `.autodiff()` on it for
+    /// training.
+    pub fn device(self) -> Result<Device, BackendError> {
+        match self {
+            #[cfg(feature = "ndarray")]
+            Backend::Ndarray => {
+                // The one place the deprecated constructor is allowed: users asked to keep
+                // the ndarray backend working.
+                #[allow(deprecated)]
+                let device = Device::ndarray();
+                Ok(device)
+            }
+            #[cfg(feature = "flex")]
+            Backend::Flex => Ok(Device::flex()),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda => Ok(Device::cuda(0)),
+            #[allow(unreachable_patterns)]
+            other => Err(BackendError::NotCompiled {
+                requested: other,
+                compiled: Self::compiled()
+                    .iter()
+                    .map(|b| b.name())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        }
+    }
+
+    pub fn is_cpu(self) -> bool {
+        !matches!(self, Backend::Cuda)
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Backend {
+    type Err = BackendError;
+    fn from_str(s: &str) -> Result<Self, BackendError> {
+        match s.to_ascii_lowercase().as_str() {
+            "ndarray" => Ok(Backend::Ndarray),
+            "flex" => Ok(Backend::Flex),
+            "cuda" => Ok(Backend::Cuda),
+            _ => Err(BackendError::Unknown(s.to_string())),
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! The graph-transformer encoder of Kool et al. (2019): node embeddings refined by L
+//! layers of multi-head self-attention and a feed-forward block, each followed by a skip
+//! connection and normalisation.
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::{
+    BatchNorm, BatchNormConfig, InstanceNorm, InstanceNormConfig, LayerNorm, LayerNormConfig,
+    Linear, LinearConfig,
+};
+use burn::tensor::activation::{relu, softmax};
+use burn::tensor::{Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+/// Which normalisation follows each skip connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Normalization {
+    /// Batch normalisation over all nodes of the batch (Kool's default).
+    #[default]
+    Batch,
+    /// Per instance, over its nodes.
+    Instance,
+    /// Per node, over its features.
+    Layer,
+}
+
+#[derive(Config, Debug)]
+pub struct GraphEncoderConfig {
+    #[config(default = 128)]
+    pub embed_dim: usize,
+    #[config(default = 8)]
+    pub num_heads: usize,
+    #[config(default = 3)]
+    pub num_layers: usize,
+    #[config(default = 512)]
+    pub feed_forward_dim: usize,
+    #[config(default = "Normalization::Batch")]
+    pub normalization: Normalization,
+}
+
+impl GraphEncoderConfig {
+    pub fn init(&self, device: &Device) -> GraphEncoder {
+        GraphEncoder {
+            depot_embedding: LinearConfig::new(2, self.embed_dim).init(device),
+            customer_embedding: LinearConfig::new(3, self.embed_dim).init(device),
+            layers: (0..self.num_layers)
+                .map(|_| EncoderLayer::new(self, device))
+                .collect(),
+        }
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct GraphEncoder {
+    /// `Linear(2, d)` on the depot's [x, y].
+    depot_embedding: Linear,
+    /// `Linear(3, d)` on each customer's [x, y, demand / capacity].
+    customer_embedding: Linear,
+    layers: Vec<EncoderLayer>,
+}
+
+impl GraphEncoder {
+    /// Embeds every node and refines the embeddings.
+    ///
+    /// # Shapes
+    /// - `coords`: `[B, N, 2]` (depot first), `demand_fraction`: `[B, N]`
+    /// - output: `[B, N, d]` node embeddings
+    pub fn forward(&self, coords: Tensor<3>, demand_fraction: Tensor<2>) -> Tensor<3> {
+        let [b, n, _] = coords.dims();
+        let depot = self
+            .depot_embedding
+            .forward(coords.clone().slice([0..b, 0..1])); // [B, 1, d]
+        let customer_features = Tensor::cat(
+            vec![
+                coords.slice([0..b, 1..n]),
+                demand_fraction.slice([0..b, 1..n]).unsqueeze_dim::<3>(2),
+            ],
+            2,
+        ); // [B, n, 3]
+        let customers = self.customer_embedding.forward(customer_features); // [B, n, d]
+        let mut h = Tensor::cat(vec![depot, customers], 1); // [B, N, d]
+        for layer in &self.layers {
+            h = layer.forward(h);
+        }
+        h
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct EncoderLayer {
+    attention: MultiHeadSelfAttention,
+    attention_norm: Norm,
+    feed_forward_in: Linear,
+    feed_forward_out: Linear,
+    feed_forward_norm: Norm,
+}
+
+impl EncoderLayer {
+    fn new(config: &GraphEncoderConfig, device: &Device) -> Self {
+        let d = config.embed_dim;
+        Self {
+            attention: MultiHeadSelfAttention::new(d, config.num_heads, device),
+            attention_norm: Norm::new(config.normalization, d, device),
+            feed_forward_in: LinearConfig::new(d, config.feed_forward_dim).init(device),
+            feed_forward_out: LinearConfig::new(config.feed_forward_dim, d).init(device),
+            feed_forward_norm: Norm::new(config.normalization, d, device),
+        }
+    }
+
+    /// # Shapes
+    /// - `h`: `[B, N, d]` → `[B, N, d]`
+    pub fn forward(&self, h: Tensor<3>) -> Tensor<3> {
+        let h = self
+            .attention_norm
+            .forward(h.clone() + self.attention.forward(h));
+        let ff = self
+            .feed_forward_out
+            .forward(relu(self.feed_forward_in.forward(h.clone())));
+        self.feed_forward_norm.forward(h + ff)
+    }
+}
+
+/// Multi-head self-attention without biases, as in Kool's encoder. Burn's
+/// `MultiHeadAttention` has biases and dropout, so we write the few lines ourselves.
+#[derive(Module, Debug)]
+pub struct MultiHeadSelfAttention {
+    /// Queries, keys and values in one projection: `Linear(d, 3d)`.
+    qkv: Linear,
+    out: Linear,
+    num_heads: usize,
+}
+
+impl MultiHeadSelfAttention {
+    fn new(d: usize, num_heads: usize, device: &Device) -> Self {
+        assert!(d % num_heads == 0, "embed_dim {d} is not divisible by num_heads {num_heads}");
+        Self {
+            qkv: LinearConfig::new(d, 3 * d).with_bias(false).init(device),
+            out: LinearConfig::new(d, d).with_bias(false).init(device),
+            num_heads,
+        }
+    }
+
+    /// # Shapes
+    /// - `h`: `[B, N, d]` → `[B, N, d]`
+    pub fn forward(&self, h: Tensor<3>) -> Tensor<3> {
+        let [b, n, d] = h.dims();
+        let heads = self.num_heads;
+        let dk = d / heads;
+        let qkv = self
+            .qkv
+            .forward(h)
+            .reshape([b, n, 3, heads, dk])
+            .permute([2, 0, 3, 1, 4]); // [3, B, H, N, dk]
+        let q = qkv.clone().slice_dim(0, 0..1).squeeze_dim::<4>(0); // [B, H, N, dk]
+        let k = qkv.clone().slice_dim(0, 1..2).squeeze_dim::<4>(0);
+        let v = qkv.slice_dim(0, 2..3).squeeze_dim::<4>(0);
+        let compatibility = q.matmul(k.swap_dims(2, 3)) / (dk as f64).sqrt(); // [B, H, N, N]
+        let attended = softmax(compatibility, 3).matmul(v); // [B, H, N, dk]
+        self.out
+            .forward(attended.swap_dims(1, 2).reshape([b, n, d])) // [B, N, d]
+    }
+}
+
+/// The normalisation after a skip connection, over `[B, N, d]` node embeddings.
+#[derive(Module, Debug)]
+pub enum Norm {
+    Batch(BatchNorm),
+    Instance(InstanceNorm),
+    Layer(LayerNorm),
+}
+
+impl Norm {
+    fn new(kind: Normalization, d: usize, device: &Device) -> Self {
+        match kind {
+            Normalization::Batch => Norm::Batch(BatchNormConfig::new(d).init(device)),
+            Normalization::Instance => Norm::Instance(InstanceNormConfig::new(d).init(device)),
+            Normalization::Layer => Norm::Layer(LayerNormConfig::new(d).init(device)),
+        }
+    }
+
+    /// # Shapes
+    /// - `h`: `[B, N, d]` → `[B, N, d]`
+    pub fn forward(&self, h: Tensor<3>) -> Tensor<3> {
+        match self {
+            // Batch and instance norms take features on axis 1.
+            Norm::Batch(bn) => bn.forward(h.swap_dims(1, 2)).swap_dims(1, 2),
+            Norm::Instance(inn) => inn.forward(h.swap_dims(1, 2)).swap_dims(1, 2),
+            Norm::Layer(ln) => ln.forward(h),
+        }
+    }
+}

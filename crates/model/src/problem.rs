@@ -1,0 +1,123 @@
+//! A batch of instances on the device, uploaded in one transfer.
+
+use burn::tensor::{Device, Tensor, TensorData};
+use routeburn_data::{Batch, InstanceRng};
+
+/// The device-side view of a [`Batch`], plus the uniform noise a sampled decode consumes.
+///
+/// Everything the decoder needs crosses to the device in one buffer per batch: node
+/// coordinates, demands, capacities and (when sampling) noise, sliced apart on the device.
+#[derive(Debug, Clone)]
+pub struct DeviceBatch {
+    /// `[B, N, 2]` node coordinates, depot first.
+    pub coords: Tensor<3>,
+    /// `[B, N]` integer demands as f32, depot 0.
+    pub demands: Tensor<2>,
+    /// `[B, 1]` vehicle capacities.
+    pub capacity: Tensor<2>,
+    /// `[B * rows_per_instance, steps]` uniforms in (0, 1) for sampled decodes: each row
+    /// a decode of its instance (rows instance-major), each column one decode step.
+    pub noise: Option<Tensor<2>>,
+    /// A lower bound on the steps any full decode of this batch takes (computed on the
+    /// host): the decoder need not check for completion before it.
+    pub min_steps: usize,
+}
+
+/// How much sampling noise to upload with a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoiseShape {
+    /// Sampled decodes per instance (1, or n for multi-start).
+    pub rows_per_instance: usize,
+}
+
+impl DeviceBatch {
+    /// Uploads `batch`; with `noise`, also draws `[B * rows, 2n]` uniforms from `rng`
+    /// (enough for the longest possible decode) in the same transfer.
+    pub fn upload(
+        batch: &Batch,
+        noise: Option<(NoiseShape, &mut InstanceRng)>,
+        device: &Device,
+    ) -> Self {
+        let (b, nodes) = (batch.size, batch.num_nodes());
+        let steps = max_decode_steps(batch.n);
+        let noise_len = noise.as_ref().map_or(0, |(s, _)| b * s.rows_per_instance * steps);
+        let instance_len = b * nodes * 3 + b;
+        let mut buffer = Vec::with_capacity(instance_len + noise_len);
+        buffer.extend_from_slice(&batch.coords);
+        buffer.extend(batch.node_demands.iter().map(|&d| d as f32));
+        buffer.extend(batch.capacities.iter().map(|&c| c as f32));
+        let rows = if let Some((shape, rng)) = noise {
+            // Strictly inside (0, 1): a zero would select a masked first node.
+            buffer.extend((0..noise_len).map(|_| ((rng.next_u64() >> 40) as f32 + 0.5) * (1.0 / (1u64 << 24) as f32)));
+            Some(b * shape.rows_per_instance)
+        } else {
+            None
+        };
+        let total = buffer.len();
+        let flat = Tensor::<1>::from_data(TensorData::new(buffer, [total]), device);
+        let mut at = 0;
+        let mut take = |len: usize| {
+            let t = flat.clone().slice(at..at + len);
+            at += len;
+            t
+        };
+        let coords = take(b * nodes * 2).reshape([b, nodes, 2]);
+        let demands = take(b * nodes).reshape([b, nodes]);
+        let capacity = take(b).reshape([b, 1]);
+        let noise = rows.map(|r| take(r * steps).reshape([r, steps]));
+        Self {
+            coords,
+            demands,
+            capacity,
+            noise,
+            min_steps: min_decode_steps(batch),
+        }
+    }
+
+    pub fn size(&self) -> usize {
+        self.coords.dims()[0]
+    }
+
+    pub fn num_nodes(&self) -> usize {
+        self.coords.dims()[1]
+    }
+
+    /// `[B, N]` demand / capacity, the encoder's demand feature.
+    pub fn demand_fraction(&self) -> Tensor<2> {
+        self.demands.clone() / self.capacity.clone()
+    }
+
+    /// The same tensors outside any autodiff graph (for a frozen baseline's rollout).
+    pub fn without_autodiff(&self) -> Self {
+        Self {
+            coords: self.coords.clone().without_autodiff(),
+            demands: self.demands.clone().without_autodiff(),
+            capacity: self.capacity.clone().without_autodiff(),
+            noise: self.noise.clone().map(|t| t.without_autodiff()),
+            min_steps: self.min_steps,
+        }
+    }
+}
+
+/// An upper bound on decode steps for n customers under Kool's masks: the depot cannot be
+/// visited twice in a row while customers remain, so at worst every customer is followed by
+/// a depot visit.
+pub fn max_decode_steps(n: usize) -> usize {
+    2 * n
+}
+
+/// A lower bound on the steps of the slowest instance: n customer visits plus at least
+/// ceil(total demand / capacity) - 1 depot visits between routes.
+fn min_decode_steps(batch: &Batch) -> usize {
+    let nodes = batch.num_nodes();
+    batch
+        .node_demands
+        .chunks_exact(nodes)
+        .zip(&batch.capacities)
+        .map(|(d, &c)| {
+            let total: u64 = d.iter().map(|&x| x as u64).sum();
+            batch.n + (total.div_ceil(c as u64) as usize).saturating_sub(1)
+        })
+        .max()
+        .unwrap_or(0)
+}

@@ -1,0 +1,105 @@
+//! The CVRP problem state during decoding, kept on the device.
+//!
+//! Masking follows Kool et al. (2019):
+//! - a customer is masked when it is visited or its demand exceeds the remaining capacity;
+//! - the depot is masked right after a depot visit (and at the start), unless no customer
+//!   is feasible;
+//! - an instance that has served every customer may only pick the depot, so a batch can
+//!   decode in lockstep.
+//!
+//! Loads are tracked in the instance's own integer demand units (stored as f32, exact
+//! below 2²⁴), so feasibility is decided exactly; the half-unit [`CAPACITY_TOLERANCE`]
+//! only guards against a backend that computes in lower precision.
+
+use burn::tensor::{Bool, Device, Int, Tensor};
+
+/// Slack, in demand units, when comparing a demand with the remaining capacity.
+pub const CAPACITY_TOLERANCE: f32 = 0.5;
+
+/// What the decoder needs to know about each instance of the batch at one step.
+#[derive(Debug, Clone)]
+pub struct CvrpState {
+    /// `[B, N]` integer demands as f32, depot 0.
+    demands: Tensor<2>,
+    /// `[B, 1]` vehicle capacity.
+    capacity: Tensor<2>,
+    /// `[B, N]` customers already served (the depot column stays false).
+    visited: Tensor<2, Bool>,
+    /// `[B, 1]` load of the current route.
+    used_capacity: Tensor<2>,
+    /// `[B, 1]` node the vehicle stands at.
+    last_node: Tensor<2, Int>,
+}
+
+impl CvrpState {
+    /// Every vehicle at the depot with an empty route.
+    ///
+    /// # Shapes
+    /// - `demands`: `[B, N]`, `capacity`: `[B, 1]`
+    pub fn new(demands: Tensor<2>, capacity: Tensor<2>) -> Self {
+        let [b, n] = demands.dims();
+        let device = demands.device();
+        Self {
+            visited: Tensor::<2>::zeros([b, n], &device).bool(),
+            used_capacity: Tensor::zeros([b, 1], &device),
+            last_node: Tensor::zeros([b, 1], &device),
+            demands,
+            capacity,
+        }
+    }
+
+    pub fn device(&self) -> Device {
+        self.demands.device()
+    }
+
+    /// `[B, 1]` remaining capacity as a fraction of the vehicle capacity (the decoder's
+    /// context feature).
+    pub fn remaining_capacity_fraction(&self) -> Tensor<2> {
+        (self.capacity.clone() - self.used_capacity.clone()) / self.capacity.clone()
+    }
+
+    /// `[B, 1]` the node the vehicle stands at.
+    pub fn last_node(&self) -> Tensor<2, Int> {
+        self.last_node.clone()
+    }
+
+    /// `[B, N]` true where a node may not be chosen next.
+    pub fn mask(&self) -> Tensor<2, Bool> {
+        let [b, n] = self.demands.dims();
+        let remaining = self.capacity.clone() - self.used_capacity.clone(); // [B, 1]
+        let too_heavy = self
+            .demands
+            .clone()
+            .greater(remaining.add_scalar(CAPACITY_TOLERANCE).expand([b, n])); // [B, N]
+        let customer_mask = self
+            .visited
+            .clone()
+            .bool_or(too_heavy)
+            .slice([0..b, 1..n]); // [B, n]
+        let any_customer_feasible = customer_mask.clone().bool_not().any_dim(1); // [B, 1]
+        let at_depot = self.last_node.clone().equal_elem(0); // [B, 1]
+        let depot_mask = at_depot.bool_and(any_customer_feasible); // [B, 1]
+        Tensor::cat(vec![depot_mask, customer_mask], 1)
+    }
+
+    /// `[B, 1]` true where every customer has been served.
+    pub fn finished(&self) -> Tensor<2, Bool> {
+        let [b, n] = self.visited.dims();
+        self.visited.clone().slice([0..b, 1..n]).all_dim(1)
+    }
+
+    /// Moves each vehicle to `action` (`[B, 1]`): a depot visit starts a new route.
+    pub fn step(&mut self, action: Tensor<2, Int>) {
+        let [_, n] = self.demands.dims();
+        let to_depot = action.clone().equal_elem(0); // [B, 1]
+        let demand = self.demands.clone().gather(1, action.clone()); // [B, 1]
+        self.used_capacity = (self.used_capacity.clone() + demand).mask_fill(to_depot, 0.0);
+        let served = action
+            .clone()
+            .squeeze_dim::<1>(1)
+            .one_hot::<2>(n)
+            .bool(); // [B, N]
+        self.visited = self.visited.clone().bool_or(served);
+        self.last_node = action;
+    }
+}

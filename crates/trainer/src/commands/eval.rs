@@ -1,0 +1,165 @@
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Args;
+use routeburn_data::{read_jsonl, read_sol, read_vrp, Instance, InstanceRng};
+use routeburn_model::Backend;
+
+use crate::error::CliError;
+use crate::evaluate::mean;
+use crate::inference::{solve_batch, Strategy, TrainedModel};
+
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// Run directory of a trained model (its latest checkpoint), or a checkpoint directory.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// A JSONL dataset, or a directory of CVRPLIB .vrp files (with .sol files beside them
+    /// for gaps).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// greedy, sample:K, multistart, aug8, multistart+aug8, sample:K+aug8.
+    #[arg(long, default_value = "greedy", value_parser = parse_strategy)]
+    pub strategy: Strategy,
+    /// Per-instance results (CSV).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Most decoder rows (instances × samples × symmetries × starts) in one batch.
+    #[arg(long, default_value_t = 8192)]
+    pub max_rows: usize,
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// Seed of the sampling noise.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+fn parse_strategy(s: &str) -> Result<Strategy, String> {
+    s.parse()
+}
+
+/// An instance to evaluate and the cost it is measured against.
+pub struct EvalItem {
+    pub instance: Instance,
+    pub reference: Option<f64>,
+}
+
+/// Reads a JSONL dataset or every `.vrp` in a directory (references from `.sol` files
+/// beside them).
+pub fn load_items(path: &Path) -> Result<(Vec<EvalItem>, bool), CliError> {
+    if path.is_dir() {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+            .map_err(|e| CliError::io(path, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "vrp"))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(CliError::Input(format!("{}: no .vrp files", path.display())));
+        }
+        let items = files
+            .iter()
+            .map(|f| {
+                Ok(EvalItem {
+                    instance: read_vrp(f)?,
+                    reference: reference_beside(f)?,
+                })
+            })
+            .collect::<Result<Vec<_>, CliError>>()?;
+        Ok((items, true))
+    } else {
+        let records = read_jsonl(path)?;
+        if records.is_empty() {
+            return Err(CliError::Input(format!("{}: no instances", path.display())));
+        }
+        Ok((
+            records
+                .into_iter()
+                .map(|r| EvalItem {
+                    instance: r.instance,
+                    reference: r.reference_cost,
+                })
+                .collect(),
+            false,
+        ))
+    }
+}
+
+/// The stated cost of `NAME.sol` next to `NAME.vrp`, if there is one with a `Cost` line.
+pub fn reference_beside(vrp: &Path) -> Result<Option<f64>, CliError> {
+    let sol = vrp.with_extension("sol");
+    if !sol.exists() {
+        return Ok(None);
+    }
+    Ok(read_sol(&sol)?.cost)
+}
+
+pub fn run(args: EvalArgs) -> Result<ExitCode, CliError> {
+    let backend = Backend::resolve(args.backend.as_deref())?;
+    let device = backend.device()?;
+    let trained = TrainedModel::load(&args.checkpoint, &device)?;
+    let (items, normalize) = load_items(&args.data)?;
+    let check_every = trained.config.training.decode_check_every;
+    let mut rng = InstanceRng::new(args.seed);
+
+    // Group by size (a batch needs one n), keeping the input order for the report.
+    let mut by_n: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (i, it) in items.iter().enumerate() {
+        by_n.entry(it.instance.n()).or_default().push(i);
+    }
+    let start = Instant::now();
+    let mut results = vec![None; items.len()];
+    for (n, idx) in by_n {
+        let rows_each = (if args.strategy.augment8 { 8 } else { 1 })
+            * args.strategy.samples.max(1)
+            * (if args.strategy.multi_start { n } else { 1 });
+        let chunk = (args.max_rows / rows_each).max(1);
+        for part in idx.chunks(chunk) {
+            let instances: Vec<&Instance> = part.iter().map(|&i| &items[i].instance).collect();
+            let solved = solve_batch(&trained.model, &instances, args.strategy, normalize, None, check_every, &mut rng, &device)?;
+            for (&i, s) in part.iter().zip(solved) {
+                results[i] = Some(s);
+            }
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let results: Vec<_> = results.into_iter().map(|r| r.expect("every instance solved")).collect();
+
+    let costs: Vec<f64> = results.iter().map(|r| r.cost).collect();
+    let gaps: Vec<f64> = items
+        .iter()
+        .zip(&results)
+        .filter_map(|(it, r)| it.reference.map(|re| 100.0 * (r.cost / re - 1.0)))
+        .collect();
+    println!("instances      {}", items.len());
+    println!("strategy       {}", args.strategy);
+    println!("backend        {backend}");
+    println!("mean cost      {:.6}", mean(&costs));
+    if !gaps.is_empty() {
+        println!("mean gap       {:.3}% ({} instances with a reference)", mean(&gaps), gaps.len());
+    }
+    println!("total time     {seconds:.3} s");
+    println!("instances/s    {:.1}", items.len() as f64 / seconds);
+
+    if let Some(out) = &args.out {
+        let mut csv = String::from("name,n,cost,reference,gap_percent,routes\n");
+        for (it, r) in items.iter().zip(&results) {
+            let _ = writeln!(
+                csv,
+                "{},{},{:.6},{},{},{}",
+                it.instance.name(),
+                it.instance.n(),
+                r.cost,
+                it.reference.map_or(String::new(), |x| format!("{x}")),
+                it.reference.map_or(String::new(), |x| format!("{:.4}", 100.0 * (r.cost / x - 1.0))),
+                r.solution.routes.len()
+            );
+        }
+        crate::checkpoint::write_atomic(out, csv.as_bytes())?;
+        eprintln!("per-instance results in {}", out.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,6 @@
+pub mod check;
+pub mod eval;
+pub mod gen;
+pub mod plot;
+pub mod solve;
+pub mod train;

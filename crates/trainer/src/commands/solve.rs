@@ -1,0 +1,101 @@
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Args;
+use routeburn_cost::Metric;
+use routeburn_data::{read_sol, read_vrp, write_sol, InstanceRng};
+use routeburn_model::Backend;
+
+use crate::commands::check::format_cost;
+use crate::error::CliError;
+use crate::inference::{solve_batch, Strategy, TrainedModel};
+use crate::plot::plot_routes;
+
+#[derive(Debug, Args)]
+pub struct SolveArgs {
+    /// Run directory of a trained model (its latest checkpoint), or a checkpoint directory.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// greedy, sample:K, multistart, aug8, multistart+aug8, sample:K+aug8.
+    #[arg(long, default_value = "multistart+aug8", value_parser = parse_strategy)]
+    pub strategy: Strategy,
+    /// Where to write NAME.sol (and NAME.svg with --plot).
+    #[arg(long)]
+    pub out_dir: PathBuf,
+    /// Also draw each solution's routes to NAME.svg.
+    #[arg(long)]
+    pub plot: bool,
+    /// Directory of reference .sol files (default: beside each instance).
+    #[arg(long)]
+    pub reference_dir: Option<PathBuf>,
+    /// cvrplib or exact (default: cvrplib for integer coordinates, exact otherwise).
+    #[arg(long, value_parser = parse_metric)]
+    pub metric: Option<Metric>,
+    #[arg(long)]
+    pub backend: Option<String>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// CVRPLIB .vrp instances.
+    #[arg(required = true)]
+    pub instances: Vec<PathBuf>,
+}
+
+fn parse_strategy(s: &str) -> Result<Strategy, String> {
+    s.parse()
+}
+
+fn parse_metric(s: &str) -> Result<Metric, String> {
+    s.parse()
+}
+
+pub fn run(args: SolveArgs) -> Result<ExitCode, CliError> {
+    let backend = Backend::resolve(args.backend.as_deref())?;
+    let device = backend.device()?;
+    let trained = TrainedModel::load(&args.checkpoint, &device)?;
+    std::fs::create_dir_all(&args.out_dir).map_err(|e| CliError::io(&args.out_dir, e))?;
+    let mut rng = InstanceRng::new(args.seed);
+    println!("instance\tn\tcost\treference\tgap_percent\tseconds");
+    for path in &args.instances {
+        let instance = read_vrp(path)?;
+        let start = Instant::now();
+        let solved = solve_batch(
+            &trained.model,
+            &[&instance],
+            args.strategy,
+            true,
+            args.metric,
+            trained.config.training.decode_check_every,
+            &mut rng,
+            &device,
+        )?
+        .remove(0);
+        let seconds = start.elapsed().as_secs_f64();
+        let metric = args.metric.unwrap_or_else(|| instance.default_metric());
+        let name = instance.name().to_string();
+        let sol_path = args.out_dir.join(format!("{name}.sol"));
+        write_sol(&solved.solution, solved.cost, &sol_path)?;
+        let reference_sol = match &args.reference_dir {
+            Some(d) => d.join(format!("{name}.sol")),
+            None => path.with_extension("sol"),
+        };
+        let reference = if reference_sol.exists() && reference_sol != sol_path {
+            read_sol(&reference_sol)?.cost
+        } else {
+            None
+        };
+        println!(
+            "{name}\t{}\t{}\t{}\t{}\t{seconds:.3}",
+            instance.n(),
+            format_cost(solved.cost, metric),
+            reference.map_or("-".into(), |r| format_cost(r, metric)),
+            reference.map_or("-".into(), |r| format!("{:.2}", 100.0 * (solved.cost / r - 1.0))),
+        );
+        if args.plot {
+            let svg = args.out_dir.join(format!("{name}.svg"));
+            let title = format!("{name}: cost {} ({})", format_cost(solved.cost, metric), args.strategy);
+            plot_routes(&instance, &solved.solution, &title, &svg)?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

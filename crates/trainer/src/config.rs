@@ -1,0 +1,351 @@
+//! Training configuration: TOML files deserialised with serde. Unknown keys and bad values
+//! are errors that name the file and the key.
+
+use std::path::{Path, PathBuf};
+
+use routeburn_data::{Generator, GeneratorConfig};
+use routeburn_model::{AttentionModelConfig, GraphEncoderConfig, Normalization};
+use serde::{Deserialize, Serialize};
+
+use crate::error::CliError;
+
+/// The embedded default config: `cargo xtask train` with no `--config`. Small enough to
+/// finish in about two minutes on 2 CPU cores while the validation cost visibly falls.
+pub const DEFAULT_CONFIG: &str = include_str!("../../../configs/default.toml");
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub problem: ProblemConfig,
+    #[serde(default)]
+    pub model: ModelConfig,
+    pub training: TrainingConfig,
+    #[serde(default)]
+    pub validation: ValidationConfig,
+    #[serde(default)]
+    pub checkpointing: CheckpointConfig,
+    #[serde(default)]
+    pub logging: LoggingConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProblemConfig {
+    /// Customers per instance.
+    pub n: usize,
+    /// Vehicle capacity; default Kool's table (20/30/40/50 for n = 10/20/50/100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<u32>,
+    #[serde(default)]
+    pub generator: GeneratorConfig,
+}
+
+/// Which model to train; `--model` on the command line overrides it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum ModelKind {
+    /// The attention model trained with REINFORCE (GT+RL).
+    #[default]
+    #[serde(rename = "gt-rl")]
+    GtRl,
+    /// The LSTM pointer network trained on solver labels.
+    #[serde(rename = "ptrnet")]
+    PtrNet,
+}
+
+impl std::str::FromStr for ModelKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "gt-rl" => Ok(Self::GtRl),
+            "ptrnet" => Ok(Self::PtrNet),
+            _ => Err(format!("unknown model `{s}`; expected gt-rl or ptrnet")),
+        }
+    }
+}
+
+impl std::fmt::Display for ModelKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::GtRl => "gt-rl",
+            Self::PtrNet => "ptrnet",
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    pub kind: ModelKind,
+    pub embed_dim: usize,
+    pub num_heads: usize,
+    pub num_layers: usize,
+    pub feed_forward_dim: usize,
+    pub normalization: Normalization,
+    pub tanh_clipping: f64,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            kind: ModelKind::GtRl,
+            embed_dim: 128,
+            num_heads: 8,
+            num_layers: 3,
+            feed_forward_dim: 512,
+            normalization: Normalization::Batch,
+            tanh_clipping: 10.0,
+        }
+    }
+}
+
+impl ModelConfig {
+    pub fn attention_model(&self) -> AttentionModelConfig {
+        AttentionModelConfig::new()
+            .with_encoder(
+                GraphEncoderConfig::new()
+                    .with_embed_dim(self.embed_dim)
+                    .with_num_heads(self.num_heads)
+                    .with_num_layers(self.num_layers)
+                    .with_feed_forward_dim(self.feed_forward_dim)
+                    .with_normalization(self.normalization),
+            )
+            .with_tanh_clipping(self.tanh_clipping)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BaselineKind {
+    /// Greedy rollout of a frozen copy, replaced after a one-sided paired t-test (Kool).
+    Rollout,
+    /// Exponential moving average of the batch's mean cost.
+    Exponential,
+    /// POMO's shared baseline: the mean over the multi-start rollouts of each instance.
+    Pomo,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingConfig {
+    pub epochs: usize,
+    pub batch_size: usize,
+    pub batches_per_epoch: usize,
+    /// Adam learning rate.
+    pub lr: f64,
+    /// Multiply the learning rate by this after every epoch (1.0: constant).
+    #[serde(default = "one")]
+    pub lr_decay: f64,
+    /// Global gradient-norm clip (0: no clipping).
+    #[serde(default = "one")]
+    pub max_grad_norm: f64,
+    #[serde(default)]
+    pub seed: u64,
+    pub baseline: BaselineKind,
+    /// β of the exponential baseline (also the rollout baseline's warm-up).
+    #[serde(default = "default_exp_beta")]
+    pub exp_beta: f64,
+    /// Epochs of exponential warm-up before the rollout baseline takes over.
+    #[serde(default = "one_usize")]
+    pub warmup_epochs: usize,
+    /// Instances in the rollout baseline's evaluation set for the t-test (Kool: 10000).
+    #[serde(default = "default_eval_size")]
+    pub baseline_eval_size: usize,
+    /// Significance level of the one-sided paired t-test.
+    #[serde(default = "default_alpha")]
+    pub baseline_alpha: f64,
+    /// Check whether every decode finished every this many steps (one device read each).
+    #[serde(default = "default_check_every")]
+    pub decode_check_every: usize,
+}
+
+fn one() -> f64 {
+    1.0
+}
+fn one_usize() -> usize {
+    1
+}
+fn default_exp_beta() -> f64 {
+    0.8
+}
+fn default_eval_size() -> usize {
+    10_000
+}
+fn default_alpha() -> f64 {
+    0.05
+}
+fn default_check_every() -> usize {
+    routeburn_model::DecodeOptions::DEFAULT_CHECK_EVERY
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ValidationConfig {
+    /// Generated validation instances (ignored when `file` is set).
+    pub size: usize,
+    /// A JSONL dataset with reference costs, e.g. `data/validation/cvrp20.jsonl`; relative
+    /// paths are resolved against the working directory, then the config's directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<PathBuf>,
+    /// Decode strategy: `greedy` (the default).
+    pub strategy: ValidationStrategy,
+    pub batch_size: usize,
+    /// Seed of the generated validation set.
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ValidationStrategy {
+    Greedy,
+    Multistart,
+}
+
+impl Default for ValidationConfig {
+    fn default() -> Self {
+        Self {
+            size: 1000,
+            file: None,
+            strategy: ValidationStrategy::Greedy,
+            batch_size: 500,
+            seed: 4321,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Sub-directory of the run directory that holds checkpoints.
+    pub dir: PathBuf,
+    /// Write a checkpoint every this many epochs (the last epoch always gets one).
+    pub every_epochs: usize,
+    /// How many checkpoints to keep (older ones are deleted).
+    pub keep_last: usize,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self {
+            dir: PathBuf::from("checkpoints"),
+            every_epochs: 1,
+            keep_last: 2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoggingConfig {
+    /// Show a progress bar (only when stderr is a terminal).
+    pub progress: bool,
+    /// Print the per-epoch summary with the phase breakdown.
+    pub summary: bool,
+}
+
+impl Default for LoggingConfig {
+    fn default() -> Self {
+        Self {
+            progress: true,
+            summary: true,
+        }
+    }
+}
+
+impl Config {
+    /// Parses TOML text; `origin` names the file (or "embedded default config") in errors.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, CliError> {
+        let config: Config = toml::from_str(text)
+            .map_err(|e| CliError::Input(format!("{origin}: {}", e.to_string().trim_end())))?;
+        config
+            .validate()
+            .map_err(|e| CliError::Input(format!("{origin}: {e}")))?;
+        Ok(config)
+    }
+
+    pub fn load(path: &Path) -> Result<Self, CliError> {
+        let text = std::fs::read_to_string(path).map_err(|e| CliError::io(path, e))?;
+        Self::from_toml(&text, &path.display().to_string())
+    }
+
+    pub fn embedded_default() -> Self {
+        Self::from_toml(DEFAULT_CONFIG, "embedded default config")
+            .expect("the embedded default config is valid (tested)")
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("configs serialise")
+    }
+
+    /// The instance generator the problem section describes.
+    pub fn generator(&self) -> Result<Generator, String> {
+        Generator::new(self.problem.n, self.problem.capacity, self.problem.generator.clone())
+            .map_err(|e| format!("problem: {e}"))
+    }
+
+    /// Checks every value a type cannot: each message names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        fn positive(key: &str, v: usize) -> Result<(), String> {
+            if v == 0 {
+                Err(format!("`{key}` must be at least 1, got 0"))
+            } else {
+                Ok(())
+            }
+        }
+        fn finite_positive(key: &str, v: f64) -> Result<(), String> {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(format!("`{key}` must be a finite number > 0, got {v}"))
+            }
+        }
+        positive("problem.n", self.problem.n)?;
+        self.generator()?;
+        let m = &self.model;
+        positive("model.embed_dim", m.embed_dim)?;
+        positive("model.num_heads", m.num_heads)?;
+        positive("model.num_layers", m.num_layers)?;
+        positive("model.feed_forward_dim", m.feed_forward_dim)?;
+        if m.embed_dim % m.num_heads != 0 {
+            return Err(format!(
+                "`model.embed_dim` ({}) must be divisible by `model.num_heads` ({})",
+                m.embed_dim, m.num_heads
+            ));
+        }
+        finite_positive("model.tanh_clipping", m.tanh_clipping)?;
+        let t = &self.training;
+        positive("training.epochs", t.epochs)?;
+        positive("training.batch_size", t.batch_size)?;
+        positive("training.batches_per_epoch", t.batches_per_epoch)?;
+        finite_positive("training.lr", t.lr)?;
+        finite_positive("training.lr_decay", t.lr_decay)?;
+        if !(t.max_grad_norm.is_finite() && t.max_grad_norm >= 0.0) {
+            return Err(format!(
+                "`training.max_grad_norm` must be >= 0 (0 disables clipping), got {}",
+                t.max_grad_norm
+            ));
+        }
+        if !(0.0..1.0).contains(&t.exp_beta) {
+            return Err(format!("`training.exp_beta` must be in [0, 1), got {}", t.exp_beta));
+        }
+        if !(t.baseline_alpha > 0.0 && t.baseline_alpha < 1.0) {
+            return Err(format!(
+                "`training.baseline_alpha` must be in (0, 1), got {}",
+                t.baseline_alpha
+            ));
+        }
+        if t.baseline == BaselineKind::Rollout {
+            if t.baseline_eval_size < 2 {
+                return Err("`training.baseline_eval_size` must be at least 2 for the t-test".into());
+            }
+        }
+        positive("training.decode_check_every", t.decode_check_every)?;
+        let v = &self.validation;
+        if v.file.is_none() {
+            positive("validation.size", v.size)?;
+        }
+        positive("validation.batch_size", v.batch_size)?;
+        positive("checkpointing.every_epochs", self.checkpointing.every_epochs)?;
+        positive("checkpointing.keep_last", self.checkpointing.keep_last)?;
+        Ok(())
+    }
+}

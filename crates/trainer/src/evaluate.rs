@@ -1,0 +1,114 @@
+//! Decoding whole datasets with a model and costing the results on the CPU. Shared by
+//! validation, the rollout baseline's t-test and `routeburn eval`.
+
+use burn::tensor::{Device, Int, Tensor, TensorData, Transaction};
+use routeburn_cost::{batch_costs, validate_batch, ActionIndex};
+use routeburn_data::Batch;
+use routeburn_model::{AttentionModel, DecodeOptions, DeviceBatch};
+
+use crate::error::CliError;
+
+/// The actions of a decode, downloaded to the host.
+#[derive(Debug, Clone)]
+pub struct HostActions {
+    /// `[R, T]` row-major.
+    pub actions: Vec<i64>,
+    pub steps: usize,
+    pub rows_per_instance: usize,
+}
+
+/// Reads int tensor data of either int width as i64.
+pub fn int_data_to_i64(data: TensorData) -> Vec<i64> {
+    data.try_into_vec_as::<i64>()
+        .expect("int tensor data converts to i64")
+}
+
+/// Downloads several int tensors in one device read.
+pub fn download_ints(tensors: Vec<Tensor<2, Int>>) -> Vec<(Vec<i64>, [usize; 2])> {
+    let dims: Vec<[usize; 2]> = tensors.iter().map(|t| t.dims()).collect();
+    let mut tx = Transaction::default();
+    for t in tensors {
+        tx = tx.register(t);
+    }
+    tx.execute()
+        .into_iter()
+        .zip(dims)
+        .map(|(d, dims)| (int_data_to_i64(d), dims))
+        .collect()
+}
+
+/// Per-row costs of a decode of `batch`, after validating every row with the cost crate.
+/// Rows are instance-major (`rows_per_instance` per instance); an infeasible row is an
+/// error, never silently costed.
+pub fn validated_costs<A: ActionIndex>(
+    batch: &Batch,
+    actions: &[A],
+    steps: usize,
+    rows_per_instance: usize,
+) -> Result<Vec<f64>, CliError> {
+    let nodes = batch.num_nodes();
+    let invalid = |e| CliError::Failed(format!("the model emitted an infeasible solution: {e}"));
+    if rows_per_instance == 1 {
+        validate_batch(actions, steps, &batch.node_demands, &batch.capacities, nodes).map_err(invalid)?;
+        return batch_costs(actions, steps, &batch.coords, nodes).map_err(invalid);
+    }
+    let repeat = |v: &[u32], per: usize| -> Vec<u32> {
+        v.chunks(per)
+            .flat_map(|c| std::iter::repeat_n(c, rows_per_instance).flatten().copied())
+            .collect()
+    };
+    let demands = repeat(&batch.node_demands, nodes);
+    let capacities = repeat(&batch.capacities, 1);
+    let coords: Vec<f32> = batch
+        .coords
+        .chunks(nodes * 2)
+        .flat_map(|c| std::iter::repeat_n(c, rows_per_instance).flatten().copied())
+        .collect();
+    validate_batch(actions, steps, &demands, &capacities, nodes).map_err(invalid)?;
+    batch_costs(actions, steps, &coords, nodes).map_err(invalid)
+}
+
+/// The best cost per instance out of its rows.
+pub fn best_per_instance(costs: &[f64], rows_per_instance: usize) -> Vec<f64> {
+    costs
+        .chunks(rows_per_instance)
+        .map(|c| c.iter().copied().fold(f64::INFINITY, f64::min))
+        .collect()
+}
+
+/// Decodes every batch with `model` (an inference copy, see `Module::valid`) and returns
+/// each instance's best validated cost.
+pub fn decode_costs(
+    model: &AttentionModel,
+    batches: &[Batch],
+    options: &DecodeOptions,
+    device: &Device,
+) -> Result<Vec<f64>, CliError> {
+    let mut costs = Vec::new();
+    for batch in batches {
+        let problem = DeviceBatch::upload(batch, None, device);
+        let out = model.decode(&problem, options);
+        let [(actions, [_, steps])] = download_ints(vec![out.actions])
+            .try_into()
+            .expect("one tensor in, one out");
+        let row_costs = validated_costs(batch, &actions, steps, out.rows_per_instance)?;
+        costs.extend(best_per_instance(&row_costs, out.rows_per_instance));
+    }
+    Ok(costs)
+}
+
+/// Splits instances into batches of at most `batch_size`.
+pub fn batches_of(instances: &[routeburn_data::Instance], batch_size: usize) -> Result<Vec<Batch>, CliError> {
+    instances
+        .chunks(batch_size.max(1))
+        .map(|c| Batch::from_instances(c).map_err(|e| CliError::Input(e.to_string())))
+        .collect()
+}
+
+pub fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}

@@ -1,0 +1,233 @@
+//! Using a trained model: loading it from a run directory and solving batches of instances
+//! with greedy, sampling, multi-start and ×8-augmented decodes. Shared by `eval` and
+//! `solve`; every solution is validated by the cost crate before it is returned.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use burn::module::Module;
+use burn::tensor::Device;
+use routeburn_cost::{Metric, Solution};
+use routeburn_data::{normalize_coords, Batch, Instance, InstanceRng};
+use routeburn_model::{AttentionModel, DecodeOptions, DeviceBatch, NoiseShape};
+
+use crate::checkpoint::{record_error, Checkpoints, MODEL_FILE};
+use crate::config::{Config, ModelKind};
+use crate::error::CliError;
+use crate::evaluate::{download_ints, validated_costs};
+
+/// How to turn a model into solutions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strategy {
+    /// Best of this many samples per (augmented) instance; 0 means greedy.
+    pub samples: usize,
+    /// One rollout per first customer (POMO).
+    pub multi_start: bool,
+    /// Decode the 8 symmetries of the unit square and keep the best.
+    pub augment8: bool,
+}
+
+impl FromStr for Strategy {
+    type Err = String;
+    /// `greedy`, `sample:K`, `multistart`, `aug8`, or `+`-combinations such as
+    /// `multistart+aug8` and `sample:16+aug8`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut st = Strategy {
+            samples: 0,
+            multi_start: false,
+            augment8: false,
+        };
+        for part in s.split('+') {
+            match part {
+                "greedy" => {}
+                "multistart" => st.multi_start = true,
+                "aug8" => st.augment8 = true,
+                p if p.starts_with("sample:") => {
+                    st.samples = p[7..]
+                        .parse()
+                        .ok()
+                        .filter(|&k| k > 0)
+                        .ok_or_else(|| format!("`{p}`: expected sample:K with K >= 1"))?
+                }
+                other => {
+                    return Err(format!(
+                        "unknown strategy `{other}`; expected greedy, sample:K, multistart, aug8 or a `+` combination"
+                    ))
+                }
+            }
+        }
+        if st.samples > 0 && st.multi_start {
+            return Err("sample:K and multistart cannot be combined".into());
+        }
+        Ok(st)
+    }
+}
+
+impl std::fmt::Display for Strategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = vec![];
+        if self.samples > 0 {
+            parts.push(format!("sample:{}", self.samples));
+        }
+        if self.multi_start {
+            parts.push("multistart".into());
+        }
+        if parts.is_empty() {
+            parts.push("greedy".into());
+        }
+        if self.augment8 {
+            parts.push("aug8".into());
+        }
+        f.write_str(&parts.join("+"))
+    }
+}
+
+/// A trained model loaded from a run directory.
+pub struct TrainedModel {
+    pub model: AttentionModel,
+    pub config: Config,
+    pub checkpoint: PathBuf,
+}
+
+impl TrainedModel {
+    /// Loads the latest checkpoint of the run in `run_dir` (or a checkpoint directory
+    /// itself) as an inference model on `device`.
+    pub fn load(run_dir: &Path, device: &Device) -> Result<Self, CliError> {
+        // Accept the run directory or one of its checkpoint directories.
+        let (config_path, ckpt_dir) = if run_dir.join(MODEL_FILE).exists() {
+            let run = run_dir.parent().and_then(Path::parent).unwrap_or(run_dir);
+            (run.join("config.toml"), run_dir.to_path_buf())
+        } else {
+            let config_path = run_dir.join("config.toml");
+            if !config_path.exists() {
+                return Err(CliError::Input(format!(
+                    "--checkpoint {}: not a run directory (no config.toml) nor a checkpoint (no {MODEL_FILE})",
+                    run_dir.display()
+                )));
+            }
+            let config = Config::load(&config_path)?;
+            let (dir, _) = Checkpoints::new(run_dir.join(&config.checkpointing.dir)).latest()?;
+            (config_path, dir)
+        };
+        let config = Config::load(&config_path)?;
+        if config.model.kind != ModelKind::GtRl {
+            return Err(CliError::Input(format!(
+                "{}: a `{}` checkpoint; only the attention model (gt-rl) can be evaluated so far",
+                ckpt_dir.display(),
+                config.model.kind
+            )));
+        }
+        let path = ckpt_dir.join(MODEL_FILE);
+        let model = config
+            .model
+            .attention_model()
+            .init(device)
+            .try_load_file(&path)
+            .map_err(|e| record_error(&path, "model", e))?
+            .valid();
+        Ok(Self {
+            model,
+            config,
+            checkpoint: ckpt_dir,
+        })
+    }
+}
+
+/// The 8 symmetries of the unit square.
+pub fn augment(p: [f64; 2], k: usize) -> [f64; 2] {
+    let [x, y] = p;
+    match k {
+        0 => [x, y],
+        1 => [y, x],
+        2 => [1.0 - x, y],
+        3 => [x, 1.0 - y],
+        4 => [1.0 - x, 1.0 - y],
+        5 => [y, 1.0 - x],
+        6 => [1.0 - y, x],
+        _ => [1.0 - y, 1.0 - x],
+    }
+}
+
+/// One solved instance.
+#[derive(Debug, Clone)]
+pub struct Solved {
+    pub solution: Solution,
+    /// Cost in the instance's own metric.
+    pub cost: f64,
+}
+
+/// Solves instances that all have the same n. With `normalize`, coordinates are mapped
+/// into the unit square first (CVRPLIB instances); costs are always computed on the
+/// instances' own coordinates under `metric` (None: each instance's default).
+pub fn solve_batch(
+    model: &AttentionModel,
+    instances: &[&Instance],
+    strategy: Strategy,
+    normalize: bool,
+    metric: Option<Metric>,
+    check_every: usize,
+    rng: &mut InstanceRng,
+    device: &Device,
+) -> Result<Vec<Solved>, CliError> {
+    let variants = if strategy.augment8 { 8 } else { 1 };
+    let copies = strategy.samples.max(1);
+    let per_instance = variants * copies;
+    // Expanded instances, instance-major: (instance, symmetry, sample copy).
+    let mut expanded = Vec::with_capacity(instances.len() * per_instance);
+    for inst in instances {
+        if !inst.has_coords() {
+            return Err(CliError::Input(format!(
+                "instance `{}` has no coordinates (EXPLICIT weights only); the model needs coordinates",
+                inst.name()
+            )));
+        }
+        let base = if normalize { normalize_coords(inst.coords()) } else { inst.coords().to_vec() };
+        for k in 0..variants {
+            let coords: Vec<[f64; 2]> = base.iter().map(|&p| augment(p, k)).collect();
+            let moved = Instance::from_nodes(
+                inst.name(),
+                coords,
+                inst.node_demands()[1..].to_vec(),
+                inst.capacity(),
+                None,
+            )
+            .map_err(|e| CliError::Input(format!("{}: {e}", inst.name())))?;
+            for _ in 0..copies {
+                expanded.push(moved.clone());
+            }
+        }
+    }
+    let batch = Batch::from_instances(&expanded).map_err(|e| CliError::Input(e.to_string()))?;
+    let options = if strategy.samples > 0 {
+        DecodeOptions::sample(1.0)
+    } else {
+        DecodeOptions::greedy()
+    }
+    .with_multi_start(strategy.multi_start)
+    .with_check_every(check_every);
+    let rows = if strategy.multi_start { batch.n } else { 1 };
+    let noise = (strategy.samples > 0).then_some((NoiseShape { rows_per_instance: rows }, rng));
+    let problem = DeviceBatch::upload(&batch, noise, device);
+    let out = model.decode(&problem, &options);
+    let [(actions, [_, steps])] = download_ints(vec![out.actions]).try_into().expect("one tensor");
+    // Validated against the (transformed) batch: feasibility does not depend on coordinates.
+    let row_costs = validated_costs(&batch, &actions, steps, rows)?;
+    let rows_per_original = per_instance * rows;
+    let mut solved = Vec::with_capacity(instances.len());
+    for (i, inst) in instances.iter().enumerate() {
+        let range = i * rows_per_original..(i + 1) * rows_per_original;
+        // Symmetries preserve distances only up to the normalisation's scale, so pick the
+        // best row by the batch cost, then cost it on the original instance.
+        let best = range
+            .clone()
+            .min_by(|&a, &b| row_costs[a].total_cmp(&row_costs[b]))
+            .expect("at least one row");
+        let solution = Solution::from_actions(&actions[best * steps..(best + 1) * steps])
+            .map_err(|e| CliError::Failed(format!("{}: decoded an invalid action sequence: {e}", inst.name())))?;
+        let cost = inst
+            .cost(&solution, metric.unwrap_or_else(|| inst.default_metric()))
+            .map_err(|e| CliError::Failed(format!("{}: the model emitted an infeasible solution: {e}", inst.name())))?;
+        solved.push(Solved { solution, cost });
+    }
+    Ok(solved)
+}

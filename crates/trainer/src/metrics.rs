@@ -1,0 +1,187 @@
+//! Per-epoch metrics and the phase timer.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::error::CliError;
+
+/// Where the time of an epoch goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Drawing instances on the CPU.
+    Generate,
+    /// Host → device: instances and sampling noise.
+    Upload,
+    /// The sampled decode with gradients.
+    Forward,
+    /// The baseline's greedy decode (rollout) or nothing.
+    Baseline,
+    /// Device → host actions, validation and costing on the CPU.
+    DownloadCost,
+    /// Loss and backward pass.
+    Backward,
+    /// Gradient clipping and the Adam step.
+    Optimizer,
+    /// Validation decode and, for the rollout baseline, its end-of-epoch t-test.
+    Validation,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 8] = [
+        Phase::Generate,
+        Phase::Upload,
+        Phase::Forward,
+        Phase::Baseline,
+        Phase::DownloadCost,
+        Phase::Backward,
+        Phase::Optimizer,
+        Phase::Validation,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Generate => "generate",
+            Phase::Upload => "upload",
+            Phase::Forward => "forward",
+            Phase::Baseline => "baseline",
+            Phase::DownloadCost => "download_cost",
+            Phase::Backward => "backward",
+            Phase::Optimizer => "optimizer",
+            Phase::Validation => "validation",
+        }
+    }
+}
+
+/// Accumulated wall time per phase.
+///
+/// On lazy backends (CUDA with fusion) work queued in one phase may execute in the next
+/// phase that reads the device; on the CPU backends operations run eagerly, so each phase
+/// is charged its own work.
+#[derive(Debug, Clone, Default)]
+pub struct PhaseTimes {
+    totals: [Duration; 8],
+}
+
+impl PhaseTimes {
+    pub fn time<T>(&mut self, phase: Phase, f: impl FnOnce() -> T) -> T {
+        let start = Instant::now();
+        let out = f();
+        self.totals[phase as usize] += start.elapsed();
+        out
+    }
+
+    pub fn seconds(&self, phase: Phase) -> f64 {
+        self.totals[phase as usize].as_secs_f64()
+    }
+
+    pub fn summary(&self) -> String {
+        let total: f64 = Phase::ALL.iter().map(|&p| self.seconds(p)).sum();
+        Phase::ALL
+            .iter()
+            .map(|&p| {
+                let s = self.seconds(p);
+                format!("{} {:.2}s ({:.0}%)", p.name(), s, 100.0 * s / total.max(1e-12))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// One row of `metrics.csv`.
+#[derive(Debug, Clone)]
+pub struct EpochMetrics {
+    pub epoch: usize,
+    pub train_cost: f64,
+    pub baseline_cost: f64,
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub lr: f64,
+    pub val_cost: f64,
+    /// Mean gap to the validation set's reference costs, in percent.
+    pub val_gap: Option<f64>,
+    pub baseline_updated: bool,
+    pub instances_per_second: f64,
+    /// Wall time of this epoch.
+    pub seconds: f64,
+    /// Wall time since the run started (summed over resumed sessions).
+    pub elapsed_seconds: f64,
+    pub phases: PhaseTimes,
+}
+
+const HEADER: &str = "epoch,train_cost,baseline_cost,loss,grad_norm,lr,val_cost,val_gap,baseline_updated,instances_per_s,seconds,elapsed_seconds";
+
+impl EpochMetrics {
+    pub fn header() -> String {
+        let mut h = HEADER.to_string();
+        for p in Phase::ALL {
+            h.push_str(&format!(",t_{}", p.name()));
+        }
+        h
+    }
+
+    pub fn csv_row(&self) -> String {
+        let mut row = format!(
+            "{},{:.6},{:.6},{:.6},{:.6},{:e},{:.6},{},{},{:.1},{:.3},{:.3}",
+            self.epoch,
+            self.train_cost,
+            self.baseline_cost,
+            self.loss,
+            self.grad_norm,
+            self.lr,
+            self.val_cost,
+            self.val_gap.map(|g| format!("{g:.4}")).unwrap_or_default(),
+            self.baseline_updated as u8,
+            self.instances_per_second,
+            self.seconds,
+            self.elapsed_seconds,
+        );
+        for p in Phase::ALL {
+            row.push_str(&format!(",{:.3}", self.phases.seconds(p)));
+        }
+        row
+    }
+}
+
+/// Appends a row to the run's metrics file, writing the header first for a new file.
+pub fn append_metrics(path: &Path, metrics: &EpochMetrics) -> Result<(), CliError> {
+    let new = !path.exists();
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| CliError::io(path, e))?;
+    let mut text = String::new();
+    if new {
+        text.push_str(&EpochMetrics::header());
+        text.push('\n');
+    }
+    text.push_str(&metrics.csv_row());
+    text.push('\n');
+    f.write_all(text.as_bytes()).map_err(|e| CliError::io(path, e))?;
+    f.sync_data().map_err(|e| CliError::io(path, e))
+}
+
+/// Keeps only the header and the rows of epochs `< keep_epochs` (after a resume, rows of
+/// epochs whose checkpoint was never written are dropped, so they are not duplicated).
+pub fn truncate_metrics(path: &Path, keep_epochs: usize) -> Result<(), CliError> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| CliError::io(path, e))?;
+    let mut out = String::new();
+    for (i, line) in text.lines().enumerate() {
+        let keep = i == 0
+            || line
+                .split(',')
+                .next()
+                .and_then(|e| e.parse::<usize>().ok())
+                .is_some_and(|e| e < keep_epochs);
+        if keep {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    crate::checkpoint::write_atomic(path, out.as_bytes())
+}

@@ -1,0 +1,157 @@
+//! Training runs end to end on a tiny config: every baseline, exact resume after a kill,
+//! the NaN guard, and config errors.
+
+use std::path::{Path, PathBuf};
+
+use routeburn_model::Backend;
+use routeburn_trainer::config::Config;
+use routeburn_trainer::training::{train, TrainOptions};
+
+const TINY: &str = r#"
+[problem]
+n = 6
+
+[model]
+embed_dim = 16
+num_heads = 2
+num_layers = 1
+feed_forward_dim = 32
+
+[training]
+epochs = 3
+batch_size = 16
+batches_per_epoch = 3
+lr = 1e-3
+seed = 5
+baseline = "rollout"
+warmup_epochs = 1
+baseline_eval_size = 32
+
+[validation]
+size = 24
+batch_size = 16
+
+[logging]
+progress = false
+summary = false
+"#;
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("routeburn-train-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn options(config: Config, run_dir: &Path, resume: bool, stop: Option<usize>) -> TrainOptions {
+    TrainOptions {
+        config,
+        run_dir: run_dir.to_path_buf(),
+        backend: Backend::default_compiled().unwrap(),
+        resume,
+        stop_after_epochs: stop,
+        verbose: false,
+        config_dir: None,
+    }
+}
+
+fn tiny(baseline: &str) -> Config {
+    Config::from_toml(&TINY.replace("\"rollout\"", &format!("\"{baseline}\"")), "tiny").unwrap()
+}
+
+/// Metrics without the wall-time columns.
+fn numbers(run_dir: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(run_dir.join("metrics.csv")).unwrap();
+    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+    text.lines()
+        .skip(1)
+        .map(|l| {
+            l.split(',')
+                .zip(&header)
+                .filter(|(_, h)| !(h.starts_with("t_") || ["seconds", "elapsed_seconds", "instances_per_s"].contains(h)))
+                .map(|(v, _)| v)
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .collect()
+}
+
+fn final_model(run_dir: &Path) -> Vec<u8> {
+    let ckpt = run_dir.join("checkpoints");
+    let latest = std::fs::read_to_string(ckpt.join("latest")).unwrap();
+    std::fs::read(ckpt.join(latest.trim()).join("model.bpk")).unwrap()
+}
+
+#[test]
+fn killed_and_resumed_run_matches_uninterrupted_run() {
+    for baseline in ["rollout", "exponential", "pomo"] {
+        let (a, b) = (tmp(&format!("a-{baseline}")), tmp(&format!("b-{baseline}")));
+        let full = train(options(tiny(baseline), &a, false, None)).unwrap();
+        assert_eq!(full.epochs.len(), 3);
+        for m in &full.epochs {
+            assert!(m.train_cost.is_finite() && m.val_cost.is_finite() && m.loss.is_finite());
+        }
+        // "Killed" after epoch 2, then resumed from its checkpoint.
+        train(options(tiny(baseline), &b, false, Some(2))).unwrap();
+        assert_eq!(numbers(&b).len(), 2);
+        let resumed = train(options(tiny(baseline), &b, true, None)).unwrap();
+        assert_eq!(resumed.epochs.len(), 1);
+        assert_eq!(numbers(&a), numbers(&b), "{baseline}: metrics differ");
+        assert_eq!(final_model(&a), final_model(&b), "{baseline}: weights differ");
+        // Same seed, same numbers.
+        let c = tmp(&format!("c-{baseline}"));
+        train(options(tiny(baseline), &c, false, None)).unwrap();
+        assert_eq!(numbers(&a), numbers(&c), "{baseline}: not deterministic");
+        for d in [a, b, c] {
+            std::fs::remove_dir_all(d).ok();
+        }
+    }
+}
+
+#[test]
+fn nan_loss_stops_the_run_and_keeps_the_checkpoint() {
+    let dir = tmp("nan");
+    train(options(tiny("exponential"), &dir, false, Some(1))).unwrap();
+    let before = final_model(&dir);
+    let mut config = tiny("exponential");
+    config.training.lr = 1e30;
+    let err = train(options(config, &dir, true, None)).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("NaN") || msg.contains("inf"), "{msg}");
+    assert_eq!(err.exit_code(), 1);
+    assert_eq!(final_model(&dir), before, "the last good checkpoint is intact");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn every_shipped_config_parses() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../configs");
+    let mut count = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            count += 1;
+        }
+    }
+    assert!(count >= 6);
+    let default = Config::embedded_default();
+    assert_eq!(Config::from_toml(&default.to_toml(), "round trip").unwrap(), default);
+}
+
+#[test]
+fn config_errors_name_the_key() {
+    let cases = [
+        (TINY.replace("batch_size = 16\nbatches", "batch_sise = 16\nbatches"), "batch_sise"),
+        (TINY.replace("lr = 1e-3", "lr = -1.0"), "training.lr"),
+        (TINY.replace("batch_size = 16\nbatches", "batch_size = 0\nbatches"), "training.batch_size"),
+        (TINY.replace("num_heads = 2", "num_heads = 3"), "model.num_heads"),
+        (TINY.replace("\"rollout\"", "\"greedy\""), "baseline"),
+        (TINY.replace("n = 6", "n = \"six\""), "n"),
+        (TINY.replace("[logging]", "[loging]"), "loging"),
+    ];
+    for (text, key) in cases {
+        let err = Config::from_toml(&text, "my.toml").unwrap_err().to_string();
+        assert!(err.starts_with("my.toml"), "{err}");
+        assert!(err.contains(key), "expected `{key}` in: {err}");
+    }
+}
