@@ -10,7 +10,9 @@ fn cost(c: &mut Criterion) {
         let (batch, actions, steps) = batch_with_actions(b, n, 1);
         group.throughput(Throughput::Elements(b as u64));
         group.bench_function(format!("batch_costs/{b}x{n}"), |bench| {
-            bench.iter(|| batch_costs(black_box(&actions), steps, black_box(&batch.coords), n + 1).unwrap())
+            bench.iter(|| {
+                batch_costs(black_box(&actions), steps, black_box(&batch.coords), n + 1).unwrap()
+            })
         });
         group.bench_function(format!("validate_batch/{b}x{n}"), |bench| {
             bench.iter(|| {

@@ -15,13 +15,13 @@ pub fn batch_with_actions(size: usize, n: usize, seed: u64) -> (Batch, Vec<i64>,
         let capacity = batch.capacities[i];
         let start = actions.len();
         let mut load = 0;
-        for c in 1..=n {
-            if load + demands[c] > capacity {
+        for (c, &demand) in demands.iter().enumerate().skip(1) {
+            if load + demand > capacity {
                 actions.push(0);
                 load = 0;
             }
             actions.push(c as i64);
-            load += demands[c];
+            load += demand;
         }
         actions.resize(start + steps, 0);
     }

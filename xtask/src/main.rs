@@ -101,7 +101,15 @@ fn cargo(args: &[&str], rest: &[String]) -> bool {
 /// (the backend is passed on, so the binary uses it).
 fn routeburn(backend: Option<&str>, args: &[String]) -> bool {
     let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["run", "--release", "--quiet", "--package", "routeburn-trainer", "--bin", "routeburn"]);
+    cmd.args([
+        "run",
+        "--release",
+        "--quiet",
+        "--package",
+        "routeburn-trainer",
+        "--bin",
+        "routeburn",
+    ]);
     if let Some(b) = backend {
         cmd.args(["--no-default-features", "--features", b]);
     }
@@ -126,7 +134,14 @@ fn bench(rest: &[String]) -> bool {
     let mut ok = true;
     for features in ["ndarray", "flex"] {
         ok &= run(Command::new(env!("CARGO"))
-            .args(["bench", "--package", "routeburn-benches", "--no-default-features", "--features", features])
+            .args([
+                "bench",
+                "--package",
+                "routeburn-benches",
+                "--no-default-features",
+                "--features",
+                features,
+            ])
             .arg("--")
             .args(rest));
     }

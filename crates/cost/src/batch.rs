@@ -55,7 +55,7 @@ fn check_shape(
     per_node: usize,
     num_nodes: usize,
 ) -> Result<usize, BatchError> {
-    if steps == 0 || actions_len % steps != 0 {
+    if steps == 0 || !actions_len.is_multiple_of(steps) {
         return Err(BatchError::Shape(format!(
             "{actions_len} actions are not a whole number of rows of {steps} steps"
         )));

@@ -21,7 +21,9 @@ impl std::str::FromStr for Metric {
         match s {
             "exact" => Ok(Self::Exact),
             "cvrplib" => Ok(Self::Cvrplib),
-            other => Err(format!("unknown metric `{other}`, expected `exact` or `cvrplib`")),
+            other => Err(format!(
+                "unknown metric `{other}`, expected `exact` or `cvrplib`"
+            )),
         }
     }
 }
@@ -92,7 +94,10 @@ impl Distance for DistanceMatrix {
     }
     #[inline]
     fn dist(&self, i: usize, j: usize) -> f64 {
-        assert!(i < self.num_nodes && j < self.num_nodes, "node out of range");
+        assert!(
+            i < self.num_nodes && j < self.num_nodes,
+            "node out of range"
+        );
         self.weights[i * self.num_nodes + j]
     }
 }

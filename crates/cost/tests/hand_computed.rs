@@ -138,7 +138,11 @@ fn every_kind_of_infeasibility_is_caught() {
 #[test]
 fn batch_costs_match_scalar_and_catch_bad_indices() {
     let c = coords();
-    let flat: Vec<f32> = c.iter().chain(c.iter()).flat_map(|p| [p[0] as f32, p[1] as f32]).collect();
+    let flat: Vec<f32> = c
+        .iter()
+        .chain(c.iter())
+        .flat_map(|p| [p[0] as f32, p[1] as f32])
+        .collect();
     // Row 0: 1 2 3 | 4 ; row 1: 2 | padding
     let actions: Vec<i64> = vec![1, 2, 3, 0, 4, 0, 2, 0, 0, 0, 0, 0];
     let costs = batch_costs(&actions, 6, &flat, 5).unwrap();
@@ -150,7 +154,10 @@ fn batch_costs_match_scalar_and_catch_bad_indices() {
         batch_costs(&bad, 6, &flat, 5),
         Err(BatchError::Invalid { instance: 0, .. })
     ));
-    assert!(matches!(batch_costs(&actions, 5, &flat, 5), Err(BatchError::Shape(_))));
+    assert!(matches!(
+        batch_costs(&actions, 5, &flat, 5),
+        Err(BatchError::Shape(_))
+    ));
 }
 
 #[test]

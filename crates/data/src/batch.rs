@@ -88,7 +88,11 @@ impl Batch {
             if !inst.has_coords() {
                 return Err(InstanceError::NoCoordinates);
             }
-            coords.extend(coords_of(inst).iter().flat_map(|p| [p[0] as f32, p[1] as f32]));
+            coords.extend(
+                coords_of(inst)
+                    .iter()
+                    .flat_map(|p| [p[0] as f32, p[1] as f32]),
+            );
             node_demands.extend_from_slice(inst.node_demands());
             capacities.push(inst.capacity());
         }

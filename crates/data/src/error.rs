@@ -10,7 +10,9 @@ pub enum InstanceError {
     NonFiniteCoordinate { node: usize, x: f64, y: f64 },
     #[error("vehicle capacity must be at least 1")]
     ZeroCapacity,
-    #[error("customer {customer} has demand {demand}; expected 1 <= demand <= capacity {capacity}")]
+    #[error(
+        "customer {customer} has demand {demand}; expected 1 <= demand <= capacity {capacity}"
+    )]
     BadDemand {
         customer: usize,
         demand: u32,
@@ -63,7 +65,11 @@ impl DataError {
             source,
         }
     }
-    pub(crate) fn format(path: impl Into<PathBuf>, line: usize, message: impl Into<String>) -> Self {
+    pub(crate) fn format(
+        path: impl Into<PathBuf>,
+        line: usize,
+        message: impl Into<String>,
+    ) -> Self {
         Self::Format {
             path: path.into(),
             line,

@@ -175,7 +175,12 @@ impl Generator {
     /// Fills one instance's node coordinates (`[n + 1]`, depot first) and customer demands.
     /// The draw order (depot, then each customer's x and y, then demands) is part of the
     /// format: it fixes which instance a seed gives.
-    fn draw(&self, rng: &mut InstanceRng, mut coord: impl FnMut(f64, f64), mut demand: impl FnMut(u32)) {
+    fn draw(
+        &self,
+        rng: &mut InstanceRng,
+        mut coord: impl FnMut(f64, f64),
+        mut demand: impl FnMut(u32),
+    ) {
         match self.distribution {
             GeneratorConfig::Uniform {
                 min_demand,
@@ -211,6 +216,8 @@ impl Generator {
     /// A batch of `size` instances written straight into batch layout. It consumes the RNG
     /// exactly as `size` calls of [`Generator::sample`] would, and gives the same batch as
     /// [`Batch::from_instances`] on those instances.
+    // The depot's 0 is pushed once per instance, with the draws in between.
+    #[allow(clippy::same_item_push)]
     pub fn sample_batch(&self, rng: &mut InstanceRng, size: usize) -> Batch {
         let nodes = self.n + 1;
         let mut coords = Vec::with_capacity(size * nodes * 2);

@@ -77,15 +77,24 @@ impl<R: BufRead> DatasetReader<R> {
 
     fn parse(&self, text: &str) -> Result<Record, DataError> {
         let fail = |m: String| DataError::format(&self.path, self.line_no, m);
-        let line: Line = serde_json::from_str(text).map_err(|e| fail(format!("bad record: {e}")))?;
+        let line: Line =
+            serde_json::from_str(text).map_err(|e| fail(format!("bad record: {e}")))?;
         let name = line
             .name
             .unwrap_or_else(|| format!("line{:06}", self.line_no));
-        let instance = Instance::new(name, line.depot, line.customers, line.demands, line.capacity)
-            .map_err(|e| fail(e.to_string()))?;
+        let instance = Instance::new(
+            name,
+            line.depot,
+            line.customers,
+            line.demands,
+            line.capacity,
+        )
+        .map_err(|e| fail(e.to_string()))?;
         if let Some(c) = line.reference_cost {
             if !c.is_finite() || c < 0.0 {
-                return Err(fail(format!("reference_cost {c} is not a finite, non-negative number")));
+                return Err(fail(format!(
+                    "reference_cost {c} is not a finite, non-negative number"
+                )));
             }
         }
         let reference_routes = match line.reference_routes {

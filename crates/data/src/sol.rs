@@ -36,13 +36,21 @@ pub fn parse_sol(text: &str, path: &Path) -> Result<SolFile, DataError> {
         let lower = line.to_ascii_lowercase();
         if lower.starts_with("route") {
             let (_, customers) = line.split_once(':').ok_or_else(|| {
-                DataError::format(path, line_no, format!("expected `Route #k: customers...`, got `{line}`"))
+                DataError::format(
+                    path,
+                    line_no,
+                    format!("expected `Route #k: customers...`, got `{line}`"),
+                )
             })?;
             let route = customers
                 .split_whitespace()
                 .map(|c| {
                     c.parse::<u32>().map_err(|_| {
-                        DataError::format(path, line_no, format!("customer `{c}` is not a non-negative integer"))
+                        DataError::format(
+                            path,
+                            line_no,
+                            format!("customer `{c}` is not a non-negative integer"),
+                        )
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
@@ -52,9 +60,18 @@ pub fn parse_sol(text: &str, path: &Path) -> Result<SolFile, DataError> {
                 return Err(DataError::format(path, line_no, "a second `Cost` line"));
             }
             let v = line[4..].trim();
-            cost = Some(v.parse::<f64>().ok().filter(|c| c.is_finite()).ok_or_else(|| {
-                DataError::format(path, line_no, format!("cost `{v}` is not a finite number"))
-            })?);
+            cost = Some(
+                v.parse::<f64>()
+                    .ok()
+                    .filter(|c| c.is_finite())
+                    .ok_or_else(|| {
+                        DataError::format(
+                            path,
+                            line_no,
+                            format!("cost `{v}` is not a finite number"),
+                        )
+                    })?,
+            );
         } else {
             return Err(DataError::format(
                 path,

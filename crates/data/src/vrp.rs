@@ -79,7 +79,11 @@ pub fn parse_vrp(text: &str, path: &Path) -> Result<Instance, DataError> {
                     };
                     let id = parse_node(id, dim).map_err(|m| err(line_no, m))?;
                     let p = [parse_f64(x, line_no, path)?, parse_f64(y, line_no, path)?];
-                    let target = if section == Section::Coords { &mut coords } else { &mut display };
+                    let target = if section == Section::Coords {
+                        &mut coords
+                    } else {
+                        &mut display
+                    };
                     target.resize(dim, None);
                     if target[id - 1].replace(p).is_some() {
                         return Err(err(line_no, format!("node {id} is given twice")));
@@ -88,11 +92,17 @@ pub fn parse_vrp(text: &str, path: &Path) -> Result<Instance, DataError> {
                 Section::Demands => {
                     let dim = need_dim(dimension, line_no, "DEMAND_SECTION")?;
                     let [id, d] = fields[..] else {
-                        return Err(err(line_no, format!("expected `node demand`, got `{line}`")));
+                        return Err(err(
+                            line_no,
+                            format!("expected `node demand`, got `{line}`"),
+                        ));
                     };
                     let id = parse_node(id, dim).map_err(|m| err(line_no, m))?;
                     let d: u32 = d.parse().map_err(|_| {
-                        err(line_no, format!("demand `{d}` is not a non-negative integer"))
+                        err(
+                            line_no,
+                            format!("demand `{d}` is not a non-negative integer"),
+                        )
                     })?;
                     demands.resize(dim, None);
                     if demands[id - 1].replace(d).is_some() {
@@ -108,7 +118,8 @@ pub fn parse_vrp(text: &str, path: &Path) -> Result<Instance, DataError> {
                         if f == "-1" {
                             depots_closed = true;
                         } else {
-                            depots.push((parse_node(f, dim).map_err(|m| err(line_no, m))?, line_no));
+                            depots
+                                .push((parse_node(f, dim).map_err(|m| err(line_no, m))?, line_no));
                         }
                     }
                 }
@@ -142,29 +153,46 @@ pub fn parse_vrp(text: &str, path: &Path) -> Result<Instance, DataError> {
             "TYPE" => {
                 let v = value.ok_or_else(missing)?;
                 if !v.eq_ignore_ascii_case("CVRP") {
-                    return Err(err(line_no, format!("TYPE is `{v}`; only CVRP is supported")));
+                    return Err(err(
+                        line_no,
+                        format!("TYPE is `{v}`; only CVRP is supported"),
+                    ));
                 }
             }
             "DIMENSION" => {
                 let v = value.ok_or_else(missing)?;
-                let d: usize = v
-                    .parse()
-                    .map_err(|_| err(line_no, format!("DIMENSION `{v}` is not a positive integer")))?;
+                let d: usize = v.parse().map_err(|_| {
+                    err(
+                        line_no,
+                        format!("DIMENSION `{v}` is not a positive integer"),
+                    )
+                })?;
                 if d < 2 {
-                    return Err(err(line_no, format!("DIMENSION is {d}; expected at least 2 (depot + one customer)")));
+                    return Err(err(
+                        line_no,
+                        format!("DIMENSION is {d}; expected at least 2 (depot + one customer)"),
+                    ));
                 }
                 dimension = Some(d);
             }
             "CAPACITY" => {
                 let v = value.ok_or_else(missing)?;
                 capacity = Some(v.parse().map_err(|_| {
-                    err(line_no, format!("CAPACITY `{v}` is not a non-negative integer"))
+                    err(
+                        line_no,
+                        format!("CAPACITY `{v}` is not a non-negative integer"),
+                    )
                 })?);
             }
             "EDGE_WEIGHT_TYPE" => {
                 let v = value.ok_or_else(missing)?.to_ascii_uppercase();
                 if v != "EUC_2D" && v != "EXPLICIT" {
-                    return Err(err(line_no, format!("EDGE_WEIGHT_TYPE `{v}` is not supported; expected EUC_2D or EXPLICIT")));
+                    return Err(err(
+                        line_no,
+                        format!(
+                            "EDGE_WEIGHT_TYPE `{v}` is not supported; expected EUC_2D or EXPLICIT"
+                        ),
+                    ));
                 }
                 weight_type = Some((v, line_no));
             }
@@ -199,11 +227,20 @@ pub fn parse_vrp(text: &str, path: &Path) -> Result<Instance, DataError> {
         [] => 1,
         [(d, _)] => d,
         [_, (_, line), ..] => {
-            return Err(err(line, "more than one depot; only single-depot CVRP is supported".into()))
+            return Err(err(
+                line,
+                "more than one depot; only single-depot CVRP is supported".into(),
+            ))
         }
     };
     if demands[depot - 1] != 0 {
-        return Err(err(0, format!("the depot (node {depot}) has demand {}; expected 0", demands[depot - 1])));
+        return Err(err(
+            0,
+            format!(
+                "the depot (node {depot}) has demand {}; expected 0",
+                demands[depot - 1]
+            ),
+        ));
     }
     // New order: depot first, then the other nodes in file order.
     let order: Vec<usize> = std::iter::once(depot - 1)
@@ -213,12 +250,23 @@ pub fn parse_vrp(text: &str, path: &Path) -> Result<Instance, DataError> {
 
     let (node_coords, explicit) = if weight_type == "EXPLICIT" {
         if weights.is_empty() {
-            return Err(err(0, "EDGE_WEIGHT_TYPE is EXPLICIT but EDGE_WEIGHT_SECTION is missing".into()));
+            return Err(err(
+                0,
+                "EDGE_WEIGHT_TYPE is EXPLICIT but EDGE_WEIGHT_SECTION is missing".into(),
+            ));
         }
-        let (format, format_line) =
-            weight_format.ok_or_else(|| err(0, "EXPLICIT weights need an EDGE_WEIGHT_FORMAT".into()))?;
-        let full = expand_weights(&format, dim, &weights)
-            .map_err(|m| err(if m.starts_with("EDGE_WEIGHT_FORMAT") { format_line } else { weights_line }, m))?;
+        let (format, format_line) = weight_format
+            .ok_or_else(|| err(0, "EXPLICIT weights need an EDGE_WEIGHT_FORMAT".into()))?;
+        let full = expand_weights(&format, dim, &weights).map_err(|m| {
+            err(
+                if m.starts_with("EDGE_WEIGHT_FORMAT") {
+                    format_line
+                } else {
+                    weights_line
+                },
+                m,
+            )
+        })?;
         let matrix = DistanceMatrix::from_fn(dim, |i, j| full[order[i] * dim + order[j]]);
         let shown = if display.is_empty() { coords } else { display };
         let shown = if shown.is_empty() {
@@ -235,13 +283,18 @@ pub fn parse_vrp(text: &str, path: &Path) -> Result<Instance, DataError> {
         let c = complete(coords, dim, "NODE_COORD_SECTION", path)?;
         (order.iter().map(|&i| c[i]).collect(), None)
     };
-    Instance::from_nodes(name.clone(), node_coords, customer_demands, capacity, explicit).map_err(
-        |source| DataError::Instance {
-            path: path.to_path_buf(),
-            name,
-            source,
-        },
+    Instance::from_nodes(
+        name.clone(),
+        node_coords,
+        customer_demands,
+        capacity,
+        explicit,
     )
+    .map_err(|source| DataError::Instance {
+        path: path.to_path_buf(),
+        name,
+        source,
+    })
 }
 
 fn parse_node(s: &str, dim: usize) -> Result<usize, String> {
@@ -258,13 +311,28 @@ fn parse_f64(s: &str, line: usize, path: &Path) -> Result<f64, DataError> {
         .ok_or_else(|| DataError::format(path, line, format!("`{s}` is not a finite number")))
 }
 
-fn complete<T: Copy>(values: Vec<Option<T>>, dim: usize, section: &str, path: &Path) -> Result<Vec<T>, DataError> {
+fn complete<T: Copy>(
+    values: Vec<Option<T>>,
+    dim: usize,
+    section: &str,
+    path: &Path,
+) -> Result<Vec<T>, DataError> {
     let mut out = Vec::with_capacity(dim);
     for (i, v) in values.iter().enumerate() {
-        out.push(v.ok_or_else(|| DataError::format(path, 0, format!("{section} has no entry for node {}", i + 1)))?);
+        out.push(v.ok_or_else(|| {
+            DataError::format(
+                path,
+                0,
+                format!("{section} has no entry for node {}", i + 1),
+            )
+        })?);
     }
     if out.len() < dim {
-        return Err(DataError::format(path, 0, format!("{section} has {} entries; DIMENSION is {dim}", out.len())));
+        return Err(DataError::format(
+            path,
+            0,
+            format!("{section} has {} entries; DIMENSION is {dim}", out.len()),
+        ));
     }
     Ok(out)
 }

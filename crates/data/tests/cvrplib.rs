@@ -17,8 +17,13 @@ fn every_cvrplib_solution_validates_and_recosts() {
     let mut rows = index.lines();
     let header: Vec<&str> = rows.next().unwrap().split('\t').collect();
     let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
-    let (c_name, c_set, c_n, c_cap, c_sol) =
-        (col("name"), col("set"), col("n"), col("capacity"), col("sol_cost"));
+    let (c_name, c_set, c_n, c_cap, c_sol) = (
+        col("name"),
+        col("set"),
+        col("n"),
+        col("capacity"),
+        col("sol_cost"),
+    );
     let mut checked = 0;
     for row in rows {
         let f: Vec<&str> = row.split('\t').collect();
@@ -44,6 +49,9 @@ fn explicit_lower_row_instance_reads() {
     let m = inst.explicit_distances().expect("EXPLICIT");
     use routeburn_cost::Distance;
     // LOWER_ROW: the first numbers are d(1,0), d(2,0), d(2,1).
-    assert_eq!((m.dist(1, 0), m.dist(0, 2), m.dist(2, 1)), (9.0, 14.0, 21.0));
+    assert_eq!(
+        (m.dist(1, 0), m.dist(0, 2), m.dist(2, 1)),
+        (9.0, 14.0, 21.0)
+    );
     assert!(!inst.has_coords());
 }

@@ -45,7 +45,12 @@ NODE_COORD_SECTION\n1 0 0\n2 3 0\n3 0 4\nDEMAND_SECTION\n1 0\n2 5\n3 5\nDEPOT_SE
         ("2 3 0", "2 3", 8, "expected `node x y`"),
         ("2 3 0", "9 3 0", 8, "not in 1..=3"),
         ("3 5\nDEPOT", "3 11\nDEPOT", 0, "demand 11"),
-        ("3 5\nDEPOT", "3 -2\nDEPOT", 13, "not a non-negative integer"),
+        (
+            "3 5\nDEPOT",
+            "3 -2\nDEPOT",
+            13,
+            "not a non-negative integer",
+        ),
         ("CAPACITY : 10", "CAPACITY : ten", 5, "CAPACITY `ten`"),
         ("EUC_2D", "GEO", 4, "not supported"),
         ("TYPE : CVRP", "TYPE : TSP", 2, "only CVRP"),
@@ -80,7 +85,13 @@ fn sol_round_trip_and_errors() {
     let text = format_sol(&s, 42.0);
     assert_eq!(text, "Route #1: 3 1\nRoute #2: 2\nCost 42\n");
     let back = parse_sol(&text, Path::new("x.sol")).unwrap();
-    assert_eq!(back, SolFile { solution: s, cost: Some(42.0) });
+    assert_eq!(
+        back,
+        SolFile {
+            solution: s,
+            cost: Some(42.0)
+        }
+    );
 
     let bad = [
         ("Route #1: 3 x\nCost 4\n", 1, "customer `x`"),
@@ -111,7 +122,9 @@ fn jsonl_round_trip_and_bad_line_number() {
     assert_eq!(read_jsonl(&path).unwrap(), records);
 
     let mut text = std::fs::read_to_string(&path).unwrap();
-    text.push_str("\n{\"depot\": [0, 0], \"customers\": [[1, 1]], \"demands\": [30], \"capacity\": 20}\n");
+    text.push_str(
+        "\n{\"depot\": [0, 0], \"customers\": [[1, 1]], \"demands\": [30], \"capacity\": 20}\n",
+    );
     std::fs::write(&path, &text).unwrap();
     let e = read_jsonl(&path).unwrap_err();
     let (line, msg) = fmt_err(e);

@@ -4,10 +4,7 @@ use routeburn_data::*;
 
 #[test]
 fn kool_capacities_and_interpolation() {
-    assert_eq!(
-        [10, 20, 50, 100].map(kool_capacity),
-        [20, 30, 40, 50]
-    );
+    assert_eq!([10, 20, 50, 100].map(kool_capacity), [20, 30, 40, 50]);
     // Halfway between 20 (30) and 30 (33): 31.5 rounds to 32.
     assert_eq!(kool_capacity(25), 32);
     assert_eq!(kool_capacity(1), 20);
@@ -63,7 +60,10 @@ fn sample_batch_equals_batched_samples() {
     let expected = Batch::from_instances(&instances).unwrap();
     assert_eq!(batch, expected);
     assert_eq!(batch.coords.len(), 16 * 11 * 2);
-    assert_eq!(batch.demands[11 + 1], instances[1].node_demands()[1] as f32 / 20.0);
+    assert_eq!(
+        batch.demands[11 + 1],
+        instances[1].node_demands()[1] as f32 / 20.0
+    );
     assert_eq!(batch.demands[11], 0.0);
 }
 
@@ -79,7 +79,11 @@ fn bad_instances_and_generators_are_errors() {
     ));
     assert!(matches!(
         Instance::new("x", [0.0, 0.0], vec![[1.0, 1.0]], vec![11], 10),
-        Err(InstanceError::BadDemand { customer: 1, demand: 11, .. })
+        Err(InstanceError::BadDemand {
+            customer: 1,
+            demand: 11,
+            ..
+        })
     ));
     assert!(Generator::new(5, Some(5), GeneratorConfig::default()).is_err());
     assert!(Generator::new(0, None, GeneratorConfig::default()).is_err());

@@ -17,7 +17,11 @@ fn reference_routes_recost_to_reference_costs() {
             let routes = r.reference_routes.as_ref().unwrap();
             let cost = r.instance.cost(routes, Metric::Exact).unwrap();
             let reference = r.reference_cost.unwrap();
-            assert!((cost - reference).abs() < 1e-6 * reference.max(1.0), "{}: {cost} vs {reference}", r.instance.name());
+            assert!(
+                (cost - reference).abs() < 1e-6 * reference.max(1.0),
+                "{}: {cost} vs {reference}",
+                r.instance.name()
+            );
             sum += reference;
         }
         assert!((sum / 128.0 - mean_ref).abs() < 5e-4, "n={n}");

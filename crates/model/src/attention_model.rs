@@ -120,7 +120,7 @@ impl AttentionModel {
 
         for step in first_step..max_steps {
             let check_now = step >= problem.min_steps.max(1)
-                && (step - problem.min_steps.max(1)) % options.check_every.max(1) == 0;
+                && (step - problem.min_steps.max(1)).is_multiple_of(options.check_every.max(1));
             if check_now && state.finished().all().into_scalar::<bool>() {
                 break;
             }
@@ -167,9 +167,11 @@ impl AttentionModel {
         Precomputed {
             node_embeddings,
             fixed_context,
-            glimpse_keys_t: glimpse_keys.reshape([r, n, heads, dk]).permute([0, 2, 3, 1]), // [R, H, dk, N]
+            glimpse_keys_t: glimpse_keys
+                .reshape([r, n, heads, dk])
+                .permute([0, 2, 3, 1]), // [R, H, dk, N]
             glimpse_values: glimpse_values.reshape([r, n, heads, dk]).swap_dims(1, 2), // [R, H, N, dk]
-            logit_keys_t: logit_keys.swap_dims(1, 2), // [R, d, N]
+            logit_keys_t: logit_keys.swap_dims(1, 2),                                  // [R, d, N]
         }
     }
 
@@ -204,7 +206,11 @@ impl AttentionModel {
         // Single-head pointer logits, clipped, masked.
         let logits = glimpse.matmul(pre.logit_keys_t.clone()).reshape([r, n]) / (d as f64).sqrt(); // [R, N]
         let clipped = logits.tanh() * self.tanh_clipping;
-        let scaled = if temperature == 1.0 { clipped } else { clipped / temperature };
+        let scaled = if temperature == 1.0 {
+            clipped
+        } else {
+            clipped / temperature
+        };
         log_softmax(scaled.mask_fill(mask, f32::NEG_INFINITY), 1)
     }
 }
@@ -215,7 +221,8 @@ fn repeat_rows<const D: usize>(t: Tensor<D>, times: usize) -> Tensor<D> {
         return t;
     }
     let b = t.dims()[0];
-    let rows = Tensor::<1, Int>::arange(0..(b * times) as i64, &t.device()).div_scalar(times as i64); // [B × times]
+    let rows =
+        Tensor::<1, Int>::arange(0..(b * times) as i64, &t.device()).div_scalar(times as i64); // [B × times]
     t.select(0, rows)
 }
 

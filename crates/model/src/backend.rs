@@ -28,7 +28,10 @@ pub enum BackendError {
     #[error("unknown backend `{0}`; expected one of: ndarray, flex, cuda")]
     Unknown(String),
     #[error("backend `{requested}` was not compiled into this binary (compiled: {compiled}); rebuild with `--features {requested}`, e.g. `cargo xtask train --backend {requested}`")]
-    NotCompiled { requested: Backend, compiled: String },
+    NotCompiled {
+        requested: Backend,
+        compiled: String,
+    },
     #[error("no backend was compiled in; build with one of the features ndarray, flex or cuda")]
     NoneCompiled,
 }

@@ -133,7 +133,10 @@ pub struct MultiHeadSelfAttention {
 
 impl MultiHeadSelfAttention {
     fn new(d: usize, num_heads: usize, device: &Device) -> Self {
-        assert!(d % num_heads == 0, "embed_dim {d} is not divisible by num_heads {num_heads}");
+        assert!(
+            d.is_multiple_of(num_heads),
+            "embed_dim {d} is not divisible by num_heads {num_heads}"
+        );
         Self {
             qkv: LinearConfig::new(d, 3 * d).with_bias(false).init(device),
             out: LinearConfig::new(d, d).with_bias(false).init(device),

@@ -40,7 +40,9 @@ impl DeviceBatch {
     ) -> Self {
         let (b, nodes) = (batch.size, batch.num_nodes());
         let steps = max_decode_steps(batch.n);
-        let noise_len = noise.as_ref().map_or(0, |(s, _)| b * s.rows_per_instance * steps);
+        let noise_len = noise
+            .as_ref()
+            .map_or(0, |(s, _)| b * s.rows_per_instance * steps);
         let instance_len = b * nodes * 3 + b;
         let mut buffer = Vec::with_capacity(instance_len + noise_len);
         buffer.extend_from_slice(&batch.coords);
@@ -48,7 +50,10 @@ impl DeviceBatch {
         buffer.extend(batch.capacities.iter().map(|&c| c as f32));
         let rows = if let Some((shape, rng)) = noise {
             // Strictly inside (0, 1): a zero would select a masked first node.
-            buffer.extend((0..noise_len).map(|_| ((rng.next_u64() >> 40) as f32 + 0.5) * (1.0 / (1u64 << 24) as f32)));
+            buffer.extend(
+                (0..noise_len)
+                    .map(|_| ((rng.next_u64() >> 40) as f32 + 0.5) * (1.0 / (1u64 << 24) as f32)),
+            );
             Some(b * shape.rows_per_instance)
         } else {
             None

@@ -71,11 +71,7 @@ impl CvrpState {
             .demands
             .clone()
             .greater(remaining.add_scalar(CAPACITY_TOLERANCE).expand([b, n])); // [B, N]
-        let customer_mask = self
-            .visited
-            .clone()
-            .bool_or(too_heavy)
-            .slice([0..b, 1..n]); // [B, n]
+        let customer_mask = self.visited.clone().bool_or(too_heavy).slice([0..b, 1..n]); // [B, n]
         let any_customer_feasible = customer_mask.clone().bool_not().any_dim(1); // [B, 1]
         let at_depot = self.last_node.clone().equal_elem(0); // [B, 1]
         let depot_mask = at_depot.bool_and(any_customer_feasible); // [B, 1]
@@ -94,11 +90,7 @@ impl CvrpState {
         let to_depot = action.clone().equal_elem(0); // [B, 1]
         let demand = self.demands.clone().gather(1, action.clone()); // [B, 1]
         self.used_capacity = (self.used_capacity.clone() + demand).mask_fill(to_depot, 0.0);
-        let served = action
-            .clone()
-            .squeeze_dim::<1>(1)
-            .one_hot::<2>(n)
-            .bool(); // [B, N]
+        let served = action.clone().squeeze_dim::<1>(1).one_hot::<2>(n).bool(); // [B, N]
         self.visited = self.visited.clone().bool_or(served);
         self.last_node = action;
     }

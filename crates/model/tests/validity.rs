@@ -16,26 +16,40 @@ fn every_decode_is_valid_and_costed_consistently() {
     let device = device();
     let mut rng = InstanceRng::new(2024);
     let mut decoded = 0usize;
-    for (k, norm) in [Normalization::Batch, Normalization::Instance, Normalization::Layer]
-        .into_iter()
-        .enumerate()
+    for (k, norm) in [
+        Normalization::Batch,
+        Normalization::Instance,
+        Normalization::Layer,
+    ]
+    .into_iter()
+    .enumerate()
     {
         let model = small_config(norm).init(&device);
         // Spread n over the three normalisations: every n in 1..=50 is covered once.
         for n in (1..=50).filter(|n| n % 3 == k) {
-            let count = if n <= 20 { 24 } else { 8 };
+            let count = if n <= 20 { 16 } else { 4 };
             for (family, instances) in instance_families(n, count, &mut rng) {
                 let batch = batch_of(&instances);
                 for (name, options) in [
                     ("greedy", DecodeOptions::greedy()),
                     ("sample", DecodeOptions::sample(1.0)),
                     ("multistart", DecodeOptions::greedy().with_multi_start(true)),
-                    ("multistart-sample", DecodeOptions::sample(1.0).with_multi_start(true).with_check_every(1)),
+                    (
+                        "multistart-sample",
+                        DecodeOptions::sample(1.0)
+                            .with_multi_start(true)
+                            .with_check_every(1),
+                    ),
                 ] {
                     let rows = if options.multi_start { n } else { 1 };
                     let problem = DeviceBatch::upload(
                         &batch,
-                        Some((NoiseShape { rows_per_instance: rows }, &mut rng)),
+                        Some((
+                            NoiseShape {
+                                rows_per_instance: rows,
+                            },
+                            &mut rng,
+                        )),
                         &device,
                     );
                     let out = model.decode(&problem, &options);
@@ -54,7 +68,9 @@ fn every_decode_is_valid_and_costed_consistently() {
 
                     // Expand the batch's per-instance arrays to one per row.
                     let expand = |v: &[u32], per: usize| -> Vec<u32> {
-                        v.chunks(per).flat_map(|c| std::iter::repeat_n(c, rows).flatten().copied()).collect()
+                        v.chunks(per)
+                            .flat_map(|c| std::iter::repeat_n(c, rows).flatten().copied())
+                            .collect()
                     };
                     let nodes = n + 1;
                     let demands = expand(&batch.node_demands, nodes);
@@ -73,7 +89,11 @@ fn every_decode_is_valid_and_costed_consistently() {
                         let expected = sol.cost(&Euclidean(&inst_coords));
                         assert!((cost - expected).abs() < 1e-9, "{cost} vs {expected}");
                         if options.multi_start {
-                            assert_eq!(actions[row * t] as usize, row % rows + 1, "forced first customer");
+                            assert_eq!(
+                                actions[row * t] as usize,
+                                row % rows + 1,
+                                "forced first customer"
+                            );
                         }
                     }
                     decoded += r;

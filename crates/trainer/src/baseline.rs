@@ -68,7 +68,12 @@ pub struct EvalSetSpec<'a> {
 
 impl RolloutBaseline {
     /// A baseline from a frozen `model`, with an evaluation set drawn from `eval_seed`.
-    pub fn new(model: AttentionModel, rng: InstanceRng, eval_seed: u64, spec: &EvalSetSpec) -> Result<Self, CliError> {
+    pub fn new(
+        model: AttentionModel,
+        rng: InstanceRng,
+        eval_seed: u64,
+        spec: &EvalSetSpec,
+    ) -> Result<Self, CliError> {
         let eval_batches = eval_set(spec, eval_seed);
         let eval_costs = decode_costs(&model, &eval_batches, &spec.options, spec.device)?;
         Ok(Self {
@@ -83,8 +88,14 @@ impl RolloutBaseline {
     /// One-sided paired t-test (α = `alpha`) of `candidate` against the frozen policy on
     /// the evaluation set; on success the candidate becomes the baseline and a fresh
     /// evaluation set is drawn.
-    pub fn epoch_end(&mut self, candidate: &AttentionModel, alpha: f64, spec: &EvalSetSpec) -> Result<RolloutTest, CliError> {
-        let candidate_costs = decode_costs(candidate, &self.eval_batches, &spec.options, spec.device)?;
+    pub fn epoch_end(
+        &mut self,
+        candidate: &AttentionModel,
+        alpha: f64,
+        spec: &EvalSetSpec,
+    ) -> Result<RolloutTest, CliError> {
+        let candidate_costs =
+            decode_costs(candidate, &self.eval_batches, &spec.options, spec.device)?;
         let (candidate_mean, baseline_mean) = (mean(&candidate_costs), mean(&self.eval_costs));
         let mut test = RolloutTest {
             candidate_mean,
@@ -100,7 +111,8 @@ impl RolloutBaseline {
                 self.model = candidate.clone();
                 self.eval_seed = self.rng.next_u64();
                 self.eval_batches = eval_set(spec, self.eval_seed);
-                self.eval_costs = decode_costs(&self.model, &self.eval_batches, &spec.options, spec.device)?;
+                self.eval_costs =
+                    decode_costs(&self.model, &self.eval_batches, &spec.options, spec.device)?;
             }
         }
         Ok(test)

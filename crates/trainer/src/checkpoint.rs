@@ -131,7 +131,10 @@ impl Checkpoints {
         let state_path = dir.join(STATE_FILE);
         let text = std::fs::read(&state_path).map_err(|e| CliError::io(&state_path, e))?;
         let state: TrainState = serde_json::from_slice(&text).map_err(|e| {
-            CliError::Input(format!("{}: not a routeburn checkpoint state: {e}", state_path.display()))
+            CliError::Input(format!(
+                "{}: not a routeburn checkpoint state: {e}",
+                state_path.display()
+            ))
         })?;
         if state.format_version != FORMAT_VERSION {
             return Err(CliError::Input(format!(

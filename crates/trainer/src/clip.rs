@@ -42,13 +42,20 @@ impl ModuleVisitor for Scale<'_> {
 
 /// Scales all gradients so their global L2 norm is at most `max_norm` (no-op when
 /// `max_norm` is 0) and returns the norm before clipping, as a `[1]` device tensor.
-pub fn clip_global_norm<M: Module>(module: &M, grads: &mut GradientsParams, max_norm: f64) -> Option<Tensor<1>> {
+pub fn clip_global_norm<M: Module>(
+    module: &M,
+    grads: &mut GradientsParams,
+    max_norm: f64,
+) -> Option<Tensor<1>> {
     let mut norm = SquaredNorm { grads, total: None };
     module.visit(&mut norm);
     let total_norm = norm.total?.sqrt(); // [1]
     if max_norm > 0.0 {
         // min(1, max_norm / (norm + 1e-6)), as in torch.nn.utils.clip_grad_norm_.
-        let factor = (total_norm.clone().add_scalar(1e-6)).recip().mul_scalar(max_norm).clamp_max(1.0);
+        let factor = (total_norm.clone().add_scalar(1e-6))
+            .recip()
+            .mul_scalar(max_norm)
+            .clamp_max(1.0);
         module.visit(&mut Scale { grads, factor });
     }
     Some(total_norm)

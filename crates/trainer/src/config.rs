@@ -278,8 +278,12 @@ impl Config {
 
     /// The instance generator the problem section describes.
     pub fn generator(&self) -> Result<Generator, String> {
-        Generator::new(self.problem.n, self.problem.capacity, self.problem.generator.clone())
-            .map_err(|e| format!("problem: {e}"))
+        Generator::new(
+            self.problem.n,
+            self.problem.capacity,
+            self.problem.generator.clone(),
+        )
+        .map_err(|e| format!("problem: {e}"))
     }
 
     /// Checks every value a type cannot: each message names the key.
@@ -305,7 +309,7 @@ impl Config {
         positive("model.num_heads", m.num_heads)?;
         positive("model.num_layers", m.num_layers)?;
         positive("model.feed_forward_dim", m.feed_forward_dim)?;
-        if m.embed_dim % m.num_heads != 0 {
+        if !m.embed_dim.is_multiple_of(m.num_heads) {
             return Err(format!(
                 "`model.embed_dim` ({}) must be divisible by `model.num_heads` ({})",
                 m.embed_dim, m.num_heads
@@ -325,7 +329,10 @@ impl Config {
             ));
         }
         if !(0.0..1.0).contains(&t.exp_beta) {
-            return Err(format!("`training.exp_beta` must be in [0, 1), got {}", t.exp_beta));
+            return Err(format!(
+                "`training.exp_beta` must be in [0, 1), got {}",
+                t.exp_beta
+            ));
         }
         if !(t.baseline_alpha > 0.0 && t.baseline_alpha < 1.0) {
             return Err(format!(
@@ -333,10 +340,8 @@ impl Config {
                 t.baseline_alpha
             ));
         }
-        if t.baseline == BaselineKind::Rollout {
-            if t.baseline_eval_size < 2 {
-                return Err("`training.baseline_eval_size` must be at least 2 for the t-test".into());
-            }
+        if t.baseline == BaselineKind::Rollout && t.baseline_eval_size < 2 {
+            return Err("`training.baseline_eval_size` must be at least 2 for the t-test".into());
         }
         positive("training.decode_check_every", t.decode_check_every)?;
         let v = &self.validation;
@@ -344,7 +349,10 @@ impl Config {
             positive("validation.size", v.size)?;
         }
         positive("validation.batch_size", v.batch_size)?;
-        positive("checkpointing.every_epochs", self.checkpointing.every_epochs)?;
+        positive(
+            "checkpointing.every_epochs",
+            self.checkpointing.every_epochs,
+        )?;
         positive("checkpointing.keep_last", self.checkpointing.keep_last)?;
         Ok(())
     }

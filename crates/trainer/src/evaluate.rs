@@ -49,7 +49,14 @@ pub fn validated_costs<A: ActionIndex>(
     let nodes = batch.num_nodes();
     let invalid = |e| CliError::Failed(format!("the model emitted an infeasible solution: {e}"));
     if rows_per_instance == 1 {
-        validate_batch(actions, steps, &batch.node_demands, &batch.capacities, nodes).map_err(invalid)?;
+        validate_batch(
+            actions,
+            steps,
+            &batch.node_demands,
+            &batch.capacities,
+            nodes,
+        )
+        .map_err(invalid)?;
         return batch_costs(actions, steps, &batch.coords, nodes).map_err(invalid);
     }
     let repeat = |v: &[u32], per: usize| -> Vec<u32> {
@@ -98,7 +105,10 @@ pub fn decode_costs(
 }
 
 /// Splits instances into batches of at most `batch_size`.
-pub fn batches_of(instances: &[routeburn_data::Instance], batch_size: usize) -> Result<Vec<Batch>, CliError> {
+pub fn batches_of(
+    instances: &[routeburn_data::Instance],
+    batch_size: usize,
+) -> Result<Vec<Batch>, CliError> {
     instances
         .chunks(batch_size.max(1))
         .map(|c| Batch::from_instances(c).map_err(|e| CliError::Input(e.to_string())))

@@ -159,6 +159,7 @@ pub struct Solved {
 /// Solves instances that all have the same n. With `normalize`, coordinates are mapped
 /// into the unit square first (CVRPLIB instances); costs are always computed on the
 /// instances' own coordinates under `metric` (None: each instance's default).
+#[allow(clippy::too_many_arguments)]
 pub fn solve_batch(
     model: &AttentionModel,
     instances: &[&Instance],
@@ -181,7 +182,11 @@ pub fn solve_batch(
                 inst.name()
             )));
         }
-        let base = if normalize { normalize_coords(inst.coords()) } else { inst.coords().to_vec() };
+        let base = if normalize {
+            normalize_coords(inst.coords())
+        } else {
+            inst.coords().to_vec()
+        };
         for k in 0..variants {
             let coords: Vec<[f64; 2]> = base.iter().map(|&p| augment(p, k)).collect();
             let moved = Instance::from_nodes(
@@ -206,10 +211,17 @@ pub fn solve_batch(
     .with_multi_start(strategy.multi_start)
     .with_check_every(check_every);
     let rows = if strategy.multi_start { batch.n } else { 1 };
-    let noise = (strategy.samples > 0).then_some((NoiseShape { rows_per_instance: rows }, rng));
+    let noise = (strategy.samples > 0).then_some((
+        NoiseShape {
+            rows_per_instance: rows,
+        },
+        rng,
+    ));
     let problem = DeviceBatch::upload(&batch, noise, device);
     let out = model.decode(&problem, &options);
-    let [(actions, [_, steps])] = download_ints(vec![out.actions]).try_into().expect("one tensor");
+    let [(actions, [_, steps])] = download_ints(vec![out.actions])
+        .try_into()
+        .expect("one tensor");
     // Validated against the (transformed) batch: feasibility does not depend on coordinates.
     let row_costs = validated_costs(&batch, &actions, steps, rows)?;
     let rows_per_original = per_instance * rows;
@@ -222,11 +234,21 @@ pub fn solve_batch(
             .clone()
             .min_by(|&a, &b| row_costs[a].total_cmp(&row_costs[b]))
             .expect("at least one row");
-        let solution = Solution::from_actions(&actions[best * steps..(best + 1) * steps])
-            .map_err(|e| CliError::Failed(format!("{}: decoded an invalid action sequence: {e}", inst.name())))?;
+        let solution =
+            Solution::from_actions(&actions[best * steps..(best + 1) * steps]).map_err(|e| {
+                CliError::Failed(format!(
+                    "{}: decoded an invalid action sequence: {e}",
+                    inst.name()
+                ))
+            })?;
         let cost = inst
             .cost(&solution, metric.unwrap_or_else(|| inst.default_metric()))
-            .map_err(|e| CliError::Failed(format!("{}: the model emitted an infeasible solution: {e}", inst.name())))?;
+            .map_err(|e| {
+                CliError::Failed(format!(
+                    "{}: the model emitted an infeasible solution: {e}",
+                    inst.name()
+                ))
+            })?;
         solved.push(Solved { solution, cost });
     }
     Ok(solved)

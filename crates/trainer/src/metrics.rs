@@ -82,7 +82,12 @@ impl PhaseTimes {
             .iter()
             .map(|&p| {
                 let s = self.seconds(p);
-                format!("{} {:.2}s ({:.0}%)", p.name(), s, 100.0 * s / total.max(1e-12))
+                format!(
+                    "{} {:.2}s ({:.0}%)",
+                    p.name(),
+                    s,
+                    100.0 * s / total.max(1e-12)
+                )
             })
             .collect::<Vec<_>>()
             .join(", ")
@@ -159,11 +164,12 @@ pub fn append_metrics(path: &Path, metrics: &EpochMetrics) -> Result<(), CliErro
     }
     text.push_str(&metrics.csv_row());
     text.push('\n');
-    f.write_all(text.as_bytes()).map_err(|e| CliError::io(path, e))?;
+    f.write_all(text.as_bytes())
+        .map_err(|e| CliError::io(path, e))?;
     f.sync_data().map_err(|e| CliError::io(path, e))
 }
 
-/// Keeps only the header and the rows of epochs `< keep_epochs` (after a resume, rows of
+/// Keeps only the header and the rows of epochs `1..=keep_epochs` (after a resume, rows of
 /// epochs whose checkpoint was never written are dropped, so they are not duplicated).
 pub fn truncate_metrics(path: &Path, keep_epochs: usize) -> Result<(), CliError> {
     if !path.exists() {
@@ -177,7 +183,7 @@ pub fn truncate_metrics(path: &Path, keep_epochs: usize) -> Result<(), CliError>
                 .split(',')
                 .next()
                 .and_then(|e| e.parse::<usize>().ok())
-                .is_some_and(|e| e < keep_epochs);
+                .is_some_and(|e| e <= keep_epochs);
         if keep {
             out.push_str(line);
             out.push('\n');

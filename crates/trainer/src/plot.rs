@@ -14,10 +14,18 @@ fn plot_err(path: &Path, e: impl std::fmt::Display) -> CliError {
 
 /// Draws the depot (black square), the customers (grey dots) and each route in its own
 /// colour.
-pub fn plot_routes(instance: &Instance, solution: &Solution, title: &str, path: &Path) -> Result<(), CliError> {
+pub fn plot_routes(
+    instance: &Instance,
+    solution: &Solution,
+    title: &str,
+    path: &Path,
+) -> Result<(), CliError> {
     let coords = instance.coords();
     if coords.is_empty() {
-        return Err(CliError::Input(format!("{}: no coordinates to plot", instance.name())));
+        return Err(CliError::Input(format!(
+            "{}: no coordinates to plot",
+            instance.name()
+        )));
     }
     let (mut lo, mut hi) = ([f64::INFINITY; 2], [f64::NEG_INFINITY; 2]);
     for p in coords {
@@ -36,22 +44,37 @@ pub fn plot_routes(instance: &Instance, solution: &Solution, title: &str, path: 
         .y_label_area_size(40)
         .build_cartesian_2d(lo[0] - pad..hi[0] + pad, lo[1] - pad..hi[1] + pad)
         .map_err(|e| plot_err(path, e))?;
-    chart.configure_mesh().disable_mesh().draw().map_err(|e| plot_err(path, e))?;
+    chart
+        .configure_mesh()
+        .disable_mesh()
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
     for (k, route) in solution.routes.iter().enumerate() {
         let color = Palette99::pick(k).to_rgba();
         let mut points = vec![(coords[0][0], coords[0][1])];
-        points.extend(route.iter().map(|&c| (coords[c as usize][0], coords[c as usize][1])));
+        points.extend(
+            route
+                .iter()
+                .map(|&c| (coords[c as usize][0], coords[c as usize][1])),
+        );
         points.push((coords[0][0], coords[0][1]));
         chart
             .draw_series(LineSeries::new(points, color.stroke_width(2)))
             .map_err(|e| plot_err(path, e))?;
     }
     chart
-        .draw_series(coords[1..].iter().map(|p| Circle::new((p[0], p[1]), 3, BLACK.mix(0.6).filled())))
+        .draw_series(
+            coords[1..]
+                .iter()
+                .map(|p| Circle::new((p[0], p[1]), 3, BLACK.mix(0.6).filled())),
+        )
         .map_err(|e| plot_err(path, e))?;
     chart
         .draw_series(std::iter::once(Rectangle::new(
-            [(coords[0][0] - pad * 0.3, coords[0][1] - pad * 0.3), (coords[0][0] + pad * 0.3, coords[0][1] + pad * 0.3)],
+            [
+                (coords[0][0] - pad * 0.3, coords[0][1] - pad * 0.3),
+                (coords[0][0] + pad * 0.3, coords[0][1] + pad * 0.3),
+            ],
             BLACK.filled(),
         )))
         .map_err(|e| plot_err(path, e))?;
@@ -101,9 +124,14 @@ pub fn read_curves(metrics: &Path) -> Result<Curves, CliError> {
     for (i, line) in lines.enumerate() {
         let f: Vec<&str> = line.split(',').collect();
         let num = |k: usize| -> Result<f64, CliError> {
-            f.get(k)
-                .and_then(|v| v.parse::<f64>().ok())
-                .ok_or_else(|| CliError::Input(format!("{}:{}: bad value in column {}", metrics.display(), i + 2, header[k])))
+            f.get(k).and_then(|v| v.parse::<f64>().ok()).ok_or_else(|| {
+                CliError::Input(format!(
+                    "{}:{}: bad value in column {}",
+                    metrics.display(),
+                    i + 2,
+                    header[k]
+                ))
+            })
         };
         c.epoch.push(num(ce)?);
         c.elapsed.push(num(cs)?);
@@ -113,7 +141,10 @@ pub fn read_curves(metrics: &Path) -> Result<Curves, CliError> {
         c.val_gap.push(f.get(cg).and_then(|v| v.parse().ok()));
     }
     if c.epoch.is_empty() {
-        return Err(CliError::Input(format!("{}: no epochs yet", metrics.display())));
+        return Err(CliError::Input(format!(
+            "{}: no epochs yet",
+            metrics.display()
+        )));
     }
     Ok(c)
 }
@@ -136,7 +167,9 @@ fn range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
 pub fn plot_curves(curves: &Curves, title: &str, path: &Path) -> Result<(), CliError> {
     let root = SVGBackend::new(path, (1200, 900)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
-    let root = root.titled(title, ("sans-serif", 24)).map_err(|e| plot_err(path, e))?;
+    let root = root
+        .titled(title, ("sans-serif", 24))
+        .map_err(|e| plot_err(path, e))?;
     let (top, bottom) = root.split_vertically(450);
     let (gap_area, time_area) = bottom.split_horizontally(600);
     let epochs = range(curves.epoch.iter().copied());
@@ -166,7 +199,12 @@ pub fn plot_curves(curves: &Curves, title: &str, path: &Path) -> Result<(), CliE
         ("baseline", &curves.baseline_cost, GREEN),
         ("validation (greedy)", &curves.val_cost, RED),
     ] {
-        let pts: Vec<(f64, f64)> = curves.epoch.iter().copied().zip(ys.iter().copied()).collect();
+        let pts: Vec<(f64, f64)> = curves
+            .epoch
+            .iter()
+            .copied()
+            .zip(ys.iter().copied())
+            .collect();
         chart
             .draw_series(LineSeries::new(pts, color.stroke_width(2)))
             .map_err(|e| plot_err(path, e))?
@@ -206,7 +244,10 @@ pub fn plot_curves(curves: &Curves, title: &str, path: &Path) -> Result<(), CliE
         .margin(10)
         .x_label_area_size(35)
         .y_label_area_size(55)
-        .build_cartesian_2d(range(curves.elapsed.iter().copied()), range(curves.val_cost.iter().copied()))
+        .build_cartesian_2d(
+            range(curves.elapsed.iter().copied()),
+            range(curves.val_cost.iter().copied()),
+        )
         .map_err(|e| plot_err(path, e))?;
     chart
         .configure_mesh()
@@ -214,7 +255,12 @@ pub fn plot_curves(curves: &Curves, title: &str, path: &Path) -> Result<(), CliE
         .y_desc("validation cost")
         .draw()
         .map_err(|e| plot_err(path, e))?;
-    let pts: Vec<(f64, f64)> = curves.elapsed.iter().copied().zip(curves.val_cost.iter().copied()).collect();
+    let pts: Vec<(f64, f64)> = curves
+        .elapsed
+        .iter()
+        .copied()
+        .zip(curves.val_cost.iter().copied())
+        .collect();
     chart
         .draw_series(LineSeries::new(pts, RED.stroke_width(2)))
         .map_err(|e| plot_err(path, e))?;

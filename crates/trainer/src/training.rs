@@ -27,8 +27,8 @@ use routeburn_model::{AttentionModel, Backend, DecodeOptions, DeviceBatch, Noise
 
 use crate::baseline::{EvalSetSpec, ExponentialBaseline, RolloutBaseline};
 use crate::checkpoint::{
-    record_error, BaselineState, Checkpoints, TrainState, BASELINE_FILE, FORMAT_VERSION, MODEL_FILE,
-    OPTIMIZER_FILE,
+    record_error, BaselineState, Checkpoints, TrainState, BASELINE_FILE, FORMAT_VERSION,
+    MODEL_FILE, OPTIMIZER_FILE,
 };
 use crate::clip::clip_global_norm;
 use crate::config::{BaselineKind, Config, ModelKind, ValidationStrategy};
@@ -68,14 +68,21 @@ struct ValidationSet {
     references: Option<Vec<f64>>,
 }
 
-fn load_validation(config: &Config, generator: &Generator, config_dir: Option<&Path>) -> Result<ValidationSet, CliError> {
+fn load_validation(
+    config: &Config,
+    generator: &Generator,
+    config_dir: Option<&Path>,
+) -> Result<ValidationSet, CliError> {
     let v = &config.validation;
     match &v.file {
         Some(file) => {
             let path = resolve(file, config_dir);
             let records = read_jsonl(&path)?;
             if records.is_empty() {
-                return Err(CliError::Input(format!("validation.file {}: no instances", path.display())));
+                return Err(CliError::Input(format!(
+                    "validation.file {}: no instances",
+                    path.display()
+                )));
             }
             let n = config.problem.n;
             if let Some(r) = records.iter().find(|r| r.instance.n() != n) {
@@ -118,7 +125,7 @@ enum BaselineRuntime {
     Exponential(ExponentialBaseline),
     /// Rollout after `warmup_epochs` of exponential warm-up.
     Rollout {
-        rollout: RolloutBaseline,
+        rollout: Box<RolloutBaseline>,
         warmup: ExponentialBaseline,
     },
     Pomo,
@@ -141,7 +148,8 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
     let metrics_path = opts.run_dir.join("metrics.csv");
     let pomo = t.baseline == BaselineKind::Pomo;
     let greedy = DecodeOptions::greedy().with_check_every(t.decode_check_every);
-    let validation_options = greedy.with_multi_start(config.validation.strategy == ValidationStrategy::Multistart);
+    let validation_options =
+        greedy.with_multi_start(config.validation.strategy == ValidationStrategy::Multistart);
     let eval_spec = EvalSetSpec {
         generator: &generator,
         size: t.baseline_eval_size,
@@ -195,11 +203,17 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
                     .init(&device)
                     .try_load_file(&bl_path)
                     .map_err(|e| record_error(&bl_path, "baseline model", e))?;
-                let (Some(rng), Some(seed)) = (state.baseline.rollout_rng.clone(), state.baseline.rollout_eval_seed) else {
-                    return Err(CliError::Input(format!("{}: rollout baseline state missing", dir.display())));
+                let (Some(rng), Some(seed)) = (
+                    state.baseline.rollout_rng.clone(),
+                    state.baseline.rollout_eval_seed,
+                ) else {
+                    return Err(CliError::Input(format!(
+                        "{}: rollout baseline state missing",
+                        dir.display()
+                    )));
                 };
                 BaselineRuntime::Rollout {
-                    rollout: RolloutBaseline::new(frozen, rng, seed, &eval_spec)?,
+                    rollout: Box::new(RolloutBaseline::new(frozen, rng, seed, &eval_spec)?),
                     warmup: ExponentialBaseline {
                         beta: t.exp_beta,
                         value: state.baseline.exponential_value,
@@ -209,22 +223,31 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
         };
         truncate_metrics(&metrics_path, start_epoch)?;
         if opts.verbose {
-            eprintln!("resuming {} at epoch {}", opts.run_dir.display(), start_epoch + 1);
+            eprintln!(
+                "resuming {} at epoch {}",
+                opts.run_dir.display(),
+                start_epoch + 1
+            );
         }
     } else {
         std::fs::create_dir_all(&opts.run_dir).map_err(|e| CliError::io(&opts.run_dir, e))?;
-        crate::checkpoint::write_atomic(&opts.run_dir.join("config.toml"), config.to_toml().as_bytes())?;
+        crate::checkpoint::write_atomic(
+            &opts.run_dir.join("config.toml"),
+            config.to_toml().as_bytes(),
+        )?;
         if metrics_path.exists() {
             std::fs::remove_file(&metrics_path).map_err(|e| CliError::io(&metrics_path, e))?;
         }
         baseline = match t.baseline {
-            BaselineKind::Exponential => BaselineRuntime::Exponential(ExponentialBaseline::new(t.exp_beta)),
+            BaselineKind::Exponential => {
+                BaselineRuntime::Exponential(ExponentialBaseline::new(t.exp_beta))
+            }
             BaselineKind::Pomo => BaselineRuntime::Pomo,
             BaselineKind::Rollout => {
                 let mut rng = InstanceRng::new(t.seed ^ BASELINE_STREAM);
                 let seed = rng.next_u64();
                 BaselineRuntime::Rollout {
-                    rollout: RolloutBaseline::new(model.valid(), rng, seed, &eval_spec)?,
+                    rollout: Box::new(RolloutBaseline::new(model.valid(), rng, seed, &eval_spec)?),
                     warmup: ExponentialBaseline::new(t.exp_beta),
                 }
             }
@@ -246,14 +269,26 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
         let mut stats_seen = 0usize;
         // Loss and gradient norm of the previous step, read with the next download.
         let mut pending: Option<Tensor<1>> = None;
-        let use_rollout = matches!(baseline, BaselineRuntime::Rollout { .. }) && epoch >= t.warmup_epochs;
+        let use_rollout =
+            matches!(baseline, BaselineRuntime::Rollout { .. }) && epoch >= t.warmup_epochs;
         let progress = progress_bar(&config, epoch, opts.verbose);
 
         for step in 0..t.batches_per_epoch {
-            let batch = times.time(Phase::Generate, || generator.sample_batch(&mut train_rng, t.batch_size));
+            let batch = times.time(Phase::Generate, || {
+                generator.sample_batch(&mut train_rng, t.batch_size)
+            });
             let rows = if pomo { batch.n } else { 1 };
             let problem = times.time(Phase::Upload, || {
-                DeviceBatch::upload(&batch, Some((NoiseShape { rows_per_instance: rows }, &mut noise_rng)), &train_device)
+                DeviceBatch::upload(
+                    &batch,
+                    Some((
+                        NoiseShape {
+                            rows_per_instance: rows,
+                        },
+                        &mut noise_rng,
+                    )),
+                    &train_device,
+                )
             });
             let sampled = times.time(Phase::Forward, || {
                 model.decode(
@@ -264,64 +299,86 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
                 )
             });
             let baseline_actions = times.time(Phase::Baseline, || match &baseline {
-                BaselineRuntime::Rollout { rollout, .. } if use_rollout => {
-                    Some(rollout.model.decode(&problem.without_autodiff(), &greedy).actions)
-                }
+                BaselineRuntime::Rollout { rollout, .. } if use_rollout => Some(
+                    rollout
+                        .model
+                        .decode(&problem.without_autodiff(), &greedy)
+                        .actions,
+                ),
                 _ => None,
             });
 
             // One device read: the sampled actions, the baseline's actions, last step's stats.
-            let (costs, baseline_values) = times.time(Phase::DownloadCost, || -> Result<_, CliError> {
-                let mut tx = Transaction::default()
-                    .register(sampled.actions.clone().without_autodiff())
-                    .register(sampled.log_likelihood.clone().without_autodiff().sum());
-                if let Some(a) = &baseline_actions {
-                    tx = tx.register(a.clone());
-                }
-                if let Some(p) = pending.take() {
-                    tx = tx.register(p);
-                }
-                let mut data = tx.execute().into_iter();
-                let actions = int_data_to_i64(data.next().expect("actions"));
-                let ll_sum: Vec<f32> = data.next().expect("ll").try_into_vec_as::<f32>().expect("f32");
-                let bl_actions = baseline_actions.as_ref().map(|_| int_data_to_i64(data.next().expect("baseline")));
-                // A policy with non-finite log-probabilities emits garbage; say why first.
-                if !ll_sum[0].is_finite() {
-                    return Err(non_finite("log-likelihood", ll_sum[0], epoch, step, &checkpoints));
-                }
-                if let Some(stats) = data.next() {
-                    let s: Vec<f32> = stats.try_into_vec_as::<f32>().expect("f32 stats");
-                    check_finite(s[0], epoch, step.saturating_sub(1), &checkpoints)?;
-                    loss_sum += s[0] as f64;
-                    grad_norm_sum += s[1] as f64;
-                    stats_seen += 1;
-                }
-                let [_, steps] = sampled.actions.dims();
-                let costs = validated_costs(&batch, &actions, steps, rows)?;
-                let baseline_values: Vec<f64> = match &mut baseline {
-                    BaselineRuntime::Pomo => {
-                        // Each rollout's baseline is the mean over its instance's rollouts.
-                        costs
-                            .chunks(rows)
-                            .flat_map(|c| std::iter::repeat_n(mean(c), rows))
-                            .collect()
+            let (costs, baseline_values) =
+                times.time(Phase::DownloadCost, || -> Result<_, CliError> {
+                    let mut tx = Transaction::default()
+                        .register(sampled.actions.clone().without_autodiff())
+                        .register(sampled.log_likelihood.clone().without_autodiff().sum());
+                    if let Some(a) = &baseline_actions {
+                        tx = tx.register(a.clone());
                     }
-                    BaselineRuntime::Rollout { .. } if use_rollout => {
-                        let bl_actions = bl_actions.expect("rollout baseline decoded");
-                        let bl_steps = baseline_actions.as_ref().unwrap().dims()[1];
-                        validated_costs(&batch, &bl_actions, bl_steps, 1)?
+                    if let Some(p) = pending.take() {
+                        tx = tx.register(p);
                     }
-                    BaselineRuntime::Rollout { warmup: exp, .. } | BaselineRuntime::Exponential(exp) => {
-                        vec![exp.update(mean(&costs)); costs.len()]
+                    let mut data = tx.execute().into_iter();
+                    let actions = int_data_to_i64(data.next().expect("actions"));
+                    let ll_sum: Vec<f32> = data
+                        .next()
+                        .expect("ll")
+                        .try_into_vec_as::<f32>()
+                        .expect("f32");
+                    let bl_actions = baseline_actions
+                        .as_ref()
+                        .map(|_| int_data_to_i64(data.next().expect("baseline")));
+                    // A policy with non-finite log-probabilities emits garbage; say why first.
+                    if !ll_sum[0].is_finite() {
+                        return Err(non_finite(
+                            "log-likelihood",
+                            ll_sum[0],
+                            epoch,
+                            step,
+                            &checkpoints,
+                        ));
                     }
-                };
-                Ok((costs, baseline_values))
-            })?;
+                    if let Some(stats) = data.next() {
+                        let s: Vec<f32> = stats.try_into_vec_as::<f32>().expect("f32 stats");
+                        check_finite(s[0], epoch, step.saturating_sub(1), &checkpoints)?;
+                        loss_sum += s[0] as f64;
+                        grad_norm_sum += s[1] as f64;
+                        stats_seen += 1;
+                    }
+                    let [_, steps] = sampled.actions.dims();
+                    let costs = validated_costs(&batch, &actions, steps, rows)?;
+                    let baseline_values: Vec<f64> = match &mut baseline {
+                        BaselineRuntime::Pomo => {
+                            // Each rollout's baseline is the mean over its instance's rollouts.
+                            costs
+                                .chunks(rows)
+                                .flat_map(|c| std::iter::repeat_n(mean(c), rows))
+                                .collect()
+                        }
+                        BaselineRuntime::Rollout { .. } if use_rollout => {
+                            let bl_actions = bl_actions.expect("rollout baseline decoded");
+                            let bl_steps = baseline_actions.as_ref().unwrap().dims()[1];
+                            validated_costs(&batch, &bl_actions, bl_steps, 1)?
+                        }
+                        BaselineRuntime::Rollout { warmup: exp, .. }
+                        | BaselineRuntime::Exponential(exp) => {
+                            vec![exp.update(mean(&costs)); costs.len()]
+                        }
+                    };
+                    Ok((costs, baseline_values))
+                })?;
 
             let loss = times.time(Phase::Backward, || {
-                let advantage: Vec<f32> = costs.iter().zip(&baseline_values).map(|(c, b)| (c - b) as f32).collect();
+                let advantage: Vec<f32> = costs
+                    .iter()
+                    .zip(&baseline_values)
+                    .map(|(c, b)| (c - b) as f32)
+                    .collect();
                 let r = advantage.len();
-                let advantage = Tensor::<1>::from_data(TensorData::new(advantage, [r]), &train_device);
+                let advantage =
+                    Tensor::<1>::from_data(TensorData::new(advantage, [r]), &train_device);
                 let loss = (advantage * sampled.log_likelihood.clone()).mean(); // [1]
                 let grads = loss.backward();
                 (loss, GradientsParams::from_grads(grads, &model))
@@ -339,8 +396,12 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
             rows_seen += costs.len();
             if let Some(pb) = &progress {
                 pb.set_position(step as u64 + 1);
-                let inst_per_s = ((step + 1) * t.batch_size) as f64 / epoch_start.elapsed().as_secs_f64();
-                pb.set_message(format!("{inst_per_s:.0} inst/s, cost {:.4}", cost_sum / rows_seen as f64));
+                let inst_per_s =
+                    ((step + 1) * t.batch_size) as f64 / epoch_start.elapsed().as_secs_f64();
+                pb.set_message(format!(
+                    "{inst_per_s:.0} inst/s, cost {:.4}",
+                    cost_sum / rows_seen as f64
+                ));
             }
         }
         if let Some(p) = pending.take() {
@@ -357,27 +418,40 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
 
         // Validation, then the rollout baseline's end-of-epoch test.
         let inference_model = model.valid();
-        let (val_cost, val_gap, baseline_updated) = times.time(Phase::Validation, || -> Result<_, CliError> {
-            let costs = decode_costs(&inference_model, &validation.batches, &validation_options, &device)?;
-            let gap = validation.references.as_ref().map(|refs| {
-                100.0 * mean(&costs.iter().zip(refs).map(|(c, r)| c / r - 1.0).collect::<Vec<_>>())
-            });
-            let mut updated = false;
-            if let BaselineRuntime::Rollout { rollout, .. } = &mut baseline {
-                let test = rollout.epoch_end(&inference_model, t.baseline_alpha, &eval_spec)?;
-                updated = test.replaced;
-                if opts.verbose {
-                    eprintln!(
-                        "  rollout baseline: candidate {:.4} vs baseline {:.4}, p = {}{}",
-                        test.candidate_mean,
-                        test.baseline_mean,
-                        test.p_value.map_or("-".into(), |p| format!("{p:.4}")),
-                        if test.replaced { " -> replaced" } else { "" }
-                    );
+        let (val_cost, val_gap, baseline_updated) =
+            times.time(Phase::Validation, || -> Result<_, CliError> {
+                let costs = decode_costs(
+                    &inference_model,
+                    &validation.batches,
+                    &validation_options,
+                    &device,
+                )?;
+                let gap = validation.references.as_ref().map(|refs| {
+                    100.0
+                        * mean(
+                            &costs
+                                .iter()
+                                .zip(refs)
+                                .map(|(c, r)| c / r - 1.0)
+                                .collect::<Vec<_>>(),
+                        )
+                });
+                let mut updated = false;
+                if let BaselineRuntime::Rollout { rollout, .. } = &mut baseline {
+                    let test = rollout.epoch_end(&inference_model, t.baseline_alpha, &eval_spec)?;
+                    updated = test.replaced;
+                    if opts.verbose {
+                        eprintln!(
+                            "  rollout baseline: candidate {:.4} vs baseline {:.4}, p = {}{}",
+                            test.candidate_mean,
+                            test.baseline_mean,
+                            test.p_value.map_or("-".into(), |p| format!("{p:.4}")),
+                            if test.replaced { " -> replaced" } else { "" }
+                        );
+                    }
                 }
-            }
-            Ok((mean(&costs), gap, updated))
-        })?;
+                Ok((mean(&costs), gap, updated))
+            })?;
 
         let seconds = epoch_start.elapsed().as_secs_f64();
         let metrics = EpochMetrics {
@@ -401,7 +475,7 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
         // Metrics first, then the checkpoint: a resume drops rows past the checkpoint.
         append_metrics(&metrics_path, &metrics)?;
         let is_last = epoch + 1 == t.epochs;
-        if (epoch + 1) % config.checkpointing.every_epochs == 0 || is_last {
+        if (epoch + 1).is_multiple_of(config.checkpointing.every_epochs) || is_last {
             let state = TrainState {
                 format_version: FORMAT_VERSION,
                 model_kind: config.model.kind,
@@ -430,12 +504,21 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
             };
             checkpoints.save(&state, config.checkpointing.keep_last, |dir| {
                 let p = dir.join(MODEL_FILE);
-                model.clone().save_file(&p).map_err(|e| record_error(&p, "model (saving)", e))?;
+                model
+                    .clone()
+                    .save_file(&p)
+                    .map_err(|e| record_error(&p, "model (saving)", e))?;
                 let p = dir.join(OPTIMIZER_FILE);
-                optimizer.save(&p).map_err(|e| record_error(&p, "optimizer (saving)", e))?;
+                optimizer
+                    .save(&p)
+                    .map_err(|e| record_error(&p, "optimizer (saving)", e))?;
                 if let BaselineRuntime::Rollout { rollout, .. } = &baseline {
                     let p = dir.join(BASELINE_FILE);
-                    rollout.model.clone().save_file(&p).map_err(|e| record_error(&p, "baseline (saving)", e))?;
+                    rollout
+                        .model
+                        .clone()
+                        .save_file(&p)
+                        .map_err(|e| record_error(&p, "baseline (saving)", e))?;
                 }
                 Ok(())
             })?;
@@ -448,7 +531,12 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
     })
 }
 
-fn check_finite(loss: f32, epoch: usize, step: usize, checkpoints: &Checkpoints) -> Result<(), CliError> {
+fn check_finite(
+    loss: f32,
+    epoch: usize,
+    step: usize,
+    checkpoints: &Checkpoints,
+) -> Result<(), CliError> {
     if loss.is_finite() {
         Ok(())
     } else {
@@ -456,8 +544,18 @@ fn check_finite(loss: f32, epoch: usize, step: usize, checkpoints: &Checkpoints)
     }
 }
 
-fn non_finite(what: &str, value: f32, epoch: usize, step: usize, checkpoints: &Checkpoints) -> CliError {
-    let value = if value.is_nan() { "NaN".to_string() } else { value.to_string() };
+fn non_finite(
+    what: &str,
+    value: f32,
+    epoch: usize,
+    step: usize,
+    checkpoints: &Checkpoints,
+) -> CliError {
+    let value = if value.is_nan() {
+        "NaN".to_string()
+    } else {
+        value.to_string()
+    };
     CliError::Failed(format!(
         "the {what} became {value} at epoch {}, batch {}; stopping. The last good checkpoint in {} is intact: lower training.lr or training.max_grad_norm, then resume with --resume",
         epoch + 1,
@@ -472,9 +570,11 @@ fn progress_bar(config: &Config, epoch: usize, verbose: bool) -> Option<Progress
     }
     let pb = ProgressBar::new(config.training.batches_per_epoch as u64);
     pb.set_style(
-        ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} batches, eta {eta} | {msg}")
-            .expect("valid template")
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "epoch {prefix} [{bar:30}] {pos}/{len} batches, eta {eta} | {msg}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
     );
     pb.set_prefix(format!("{}/{}", epoch + 1, config.training.epochs));
     Some(pb)

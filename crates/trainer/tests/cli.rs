@@ -35,9 +35,19 @@ fn check_reproduces_every_cvrplib_cost() {
             .arg(dir.join(format!("{}.sol", f[col("name")])))
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}: {}", f[0], String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            f[0],
+            String::from_utf8_lossy(&out.stderr)
+        );
         let stdout = String::from_utf8(out.stdout).unwrap();
-        assert_eq!(stdout.trim(), format!("cost {}", f[col("sol_cost")]), "{}", f[0]);
+        assert_eq!(
+            stdout.trim(),
+            format!("cost {}", f[col("sol_cost")]),
+            "{}",
+            f[0]
+        );
         if f[col("status")] == "sol==BKS" {
             assert_eq!(f[col("sol_cost")], f[col("bks")]);
         }
@@ -53,31 +63,68 @@ fn check_exit_codes() {
     // Infeasible: drop a customer.
     let bad_sol = dir.join("bad.sol");
     std::fs::write(&bad_sol, "Route #1: 21 31 19 17 13 7 26\nRoute #2: 12 1 16 30\nRoute #3: 27 24\nRoute #4: 29 18 8 9 22 15 10 25 5 20\nRoute #5: 14 28 11 4 23 3 2\nCost 784\n").unwrap();
-    let out = routeburn().arg("check").arg(&vrp).arg(&bad_sol).output().unwrap();
+    let out = routeburn()
+        .arg("check")
+        .arg(&vrp)
+        .arg(&bad_sol)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stdout).contains("never visited"));
     // Over capacity: everything on one route.
     let all: Vec<String> = (1..=31).map(|c| c.to_string()).collect();
     std::fs::write(&bad_sol, format!("Route #1: {}\n", all.join(" "))).unwrap();
-    let out = routeburn().arg("check").arg(&vrp).arg(&bad_sol).output().unwrap();
+    let out = routeburn()
+        .arg("check")
+        .arg(&vrp)
+        .arg(&bad_sol)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stdout).contains("above the capacity 100"));
     // Malformed: exit 2, naming file and line.
     std::fs::write(&bad_sol, "Route #1: 1 2 x\n").unwrap();
-    let out = routeburn().arg("check").arg(&vrp).arg(&bad_sol).output().unwrap();
+    let out = routeburn()
+        .arg("check")
+        .arg(&vrp)
+        .arg(&bad_sol)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("bad.sol:1") && err.contains("customer `x`"), "{err}");
+    assert!(
+        err.contains("bad.sol:1") && err.contains("customer `x`"),
+        "{err}"
+    );
     let bad_vrp = dir.join("bad.vrp");
-    std::fs::write(&bad_vrp, "NAME : x\nDIMENSION : 3\nCAPACITY : 5\nNODE_COORD_SECTION\n1 0 0\n2 1 oops\n").unwrap();
-    let out = routeburn().arg("check").arg(&bad_vrp).arg(&bad_sol).output().unwrap();
+    std::fs::write(
+        &bad_vrp,
+        "NAME : x\nDIMENSION : 3\nCAPACITY : 5\nNODE_COORD_SECTION\n1 0 0\n2 1 oops\n",
+    )
+    .unwrap();
+    let out = routeburn()
+        .arg("check")
+        .arg(&bad_vrp)
+        .arg(&bad_sol)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.vrp:6"), "{err}");
     // Missing file and bad flag.
-    let out = routeburn().arg("check").arg(dir.join("nope.vrp")).arg(&bad_sol).output().unwrap();
+    let out = routeburn()
+        .arg("check")
+        .arg(dir.join("nope.vrp"))
+        .arg(&bad_sol)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    let out = routeburn().args(["check", "--metric", "manhattan"]).arg(&vrp).arg(&bad_sol).output().unwrap();
+    let out = routeburn()
+        .args(["check", "--metric", "manhattan"])
+        .arg(&vrp)
+        .arg(&bad_sol)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     // Exact metric on a CVRPLIB instance: the unrounded cost from INDEX.tsv (787.8083).
     let out = routeburn()
@@ -87,35 +134,75 @@ fn check_exit_codes() {
         .output()
         .unwrap();
     assert!(out.status.success());
-    let cost: f64 = String::from_utf8_lossy(&out.stdout).trim().trim_start_matches("cost ").parse().unwrap();
+    let cost: f64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .trim_start_matches("cost ")
+        .parse()
+        .unwrap();
     assert!((cost - 787.8083).abs() < 1e-3, "{cost}");
     std::fs::remove_dir_all(&dir).ok();
 }
 
 fn gen(args: &[&str], out: &Path) -> std::process::Output {
-    routeburn().arg("gen").args(args).arg("--out").arg(out).output().unwrap()
+    routeburn()
+        .arg("gen")
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap()
 }
 
 #[test]
 fn gen_is_byte_identical_for_a_seed() {
     let dir = tmp("gen");
-    let (a, b, c) = (dir.join("a.jsonl"), dir.join("b.jsonl"), dir.join("c.jsonl"));
-    assert!(gen(&["--n", "20", "--count", "50", "--seed", "7"], &a).status.success());
-    assert!(gen(&["--n", "20", "--count", "50", "--seed", "7"], &b).status.success());
-    assert!(gen(&["--n", "20", "--count", "50", "--seed", "8"], &c).status.success());
-    let (a, b, c) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap(), std::fs::read(c).unwrap());
+    let (a, b, c) = (
+        dir.join("a.jsonl"),
+        dir.join("b.jsonl"),
+        dir.join("c.jsonl"),
+    );
+    assert!(gen(&["--n", "20", "--count", "50", "--seed", "7"], &a)
+        .status
+        .success());
+    assert!(gen(&["--n", "20", "--count", "50", "--seed", "7"], &b)
+        .status
+        .success());
+    assert!(gen(&["--n", "20", "--count", "50", "--seed", "8"], &c)
+        .status
+        .success());
+    let (a, b, c) = (
+        std::fs::read(a).unwrap(),
+        std::fs::read(b).unwrap(),
+        std::fs::read(c).unwrap(),
+    );
     assert_eq!(a, b);
     assert_ne!(a, c);
     assert_eq!(a.iter().filter(|&&x| x == b'\n').count(), 50);
 
     let (d1, d2) = (dir.join("v1"), dir.join("v2"));
-    assert!(gen(&["--n", "5", "--count", "3", "--seed", "1", "--format", "vrp"], &d1).status.success());
-    assert!(gen(&["--n", "5", "--count", "3", "--seed", "1", "--format", "vrp"], &d2).status.success());
-    let mut names: Vec<_> = std::fs::read_dir(&d1).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(gen(
+        &["--n", "5", "--count", "3", "--seed", "1", "--format", "vrp"],
+        &d1
+    )
+    .status
+    .success());
+    assert!(gen(
+        &["--n", "5", "--count", "3", "--seed", "1", "--format", "vrp"],
+        &d2
+    )
+    .status
+    .success());
+    let mut names: Vec<_> = std::fs::read_dir(&d1)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     names.sort();
     assert_eq!(names.len(), 3);
     for name in names {
-        assert_eq!(std::fs::read(d1.join(&name)).unwrap(), std::fs::read(d2.join(&name)).unwrap());
+        assert_eq!(
+            std::fs::read(d1.join(&name)).unwrap(),
+            std::fs::read(d2.join(&name)).unwrap()
+        );
         let inst = routeburn_data::read_vrp(d1.join(&name)).unwrap();
         assert_eq!(inst.n(), 5);
     }

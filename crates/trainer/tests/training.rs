@@ -55,7 +55,11 @@ fn options(config: Config, run_dir: &Path, resume: bool, stop: Option<usize>) ->
 }
 
 fn tiny(baseline: &str) -> Config {
-    Config::from_toml(&TINY.replace("\"rollout\"", &format!("\"{baseline}\"")), "tiny").unwrap()
+    Config::from_toml(
+        &TINY.replace("\"rollout\"", &format!("\"{baseline}\"")),
+        "tiny",
+    )
+    .unwrap()
 }
 
 /// Metrics without the wall-time columns.
@@ -67,7 +71,10 @@ fn numbers(run_dir: &Path) -> Vec<String> {
         .map(|l| {
             l.split(',')
                 .zip(&header)
-                .filter(|(_, h)| !(h.starts_with("t_") || ["seconds", "elapsed_seconds", "instances_per_s"].contains(h)))
+                .filter(|(_, h)| {
+                    !(h.starts_with("t_")
+                        || ["seconds", "elapsed_seconds", "instances_per_s"].contains(h))
+                })
                 .map(|(v, _)| v)
                 .collect::<Vec<_>>()
                 .join(",")
@@ -96,7 +103,11 @@ fn killed_and_resumed_run_matches_uninterrupted_run() {
         let resumed = train(options(tiny(baseline), &b, true, None)).unwrap();
         assert_eq!(resumed.epochs.len(), 1);
         assert_eq!(numbers(&a), numbers(&b), "{baseline}: metrics differ");
-        assert_eq!(final_model(&a), final_model(&b), "{baseline}: weights differ");
+        assert_eq!(
+            final_model(&a),
+            final_model(&b),
+            "{baseline}: weights differ"
+        );
         // Same seed, same numbers.
         let c = tmp(&format!("c-{baseline}"));
         train(options(tiny(baseline), &c, false, None)).unwrap();
@@ -118,7 +129,11 @@ fn nan_loss_stops_the_run_and_keeps_the_checkpoint() {
     let msg = err.to_string();
     assert!(msg.contains("NaN") || msg.contains("inf"), "{msg}");
     assert_eq!(err.exit_code(), 1);
-    assert_eq!(final_model(&dir), before, "the last good checkpoint is intact");
+    assert_eq!(
+        final_model(&dir),
+        before,
+        "the last good checkpoint is intact"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -135,16 +150,28 @@ fn every_shipped_config_parses() {
     }
     assert!(count >= 6);
     let default = Config::embedded_default();
-    assert_eq!(Config::from_toml(&default.to_toml(), "round trip").unwrap(), default);
+    assert_eq!(
+        Config::from_toml(&default.to_toml(), "round trip").unwrap(),
+        default
+    );
 }
 
 #[test]
 fn config_errors_name_the_key() {
     let cases = [
-        (TINY.replace("batch_size = 16\nbatches", "batch_sise = 16\nbatches"), "batch_sise"),
+        (
+            TINY.replace("batch_size = 16\nbatches", "batch_sise = 16\nbatches"),
+            "batch_sise",
+        ),
         (TINY.replace("lr = 1e-3", "lr = -1.0"), "training.lr"),
-        (TINY.replace("batch_size = 16\nbatches", "batch_size = 0\nbatches"), "training.batch_size"),
-        (TINY.replace("num_heads = 2", "num_heads = 3"), "model.num_heads"),
+        (
+            TINY.replace("batch_size = 16\nbatches", "batch_size = 0\nbatches"),
+            "training.batch_size",
+        ),
+        (
+            TINY.replace("num_heads = 2", "num_heads = 3"),
+            "model.num_heads",
+        ),
         (TINY.replace("\"rollout\"", "\"greedy\""), "baseline"),
         (TINY.replace("n = 6", "n = \"six\""), "n"),
         (TINY.replace("[logging]", "[loging]"), "loging"),

@@ -58,7 +58,10 @@ pub fn load_items(path: &Path) -> Result<(Vec<EvalItem>, bool), CliError> {
             .collect();
         files.sort();
         if files.is_empty() {
-            return Err(CliError::Input(format!("{}: no .vrp files", path.display())));
+            return Err(CliError::Input(format!(
+                "{}: no .vrp files",
+                path.display()
+            )));
         }
         let items = files
             .iter()
@@ -119,14 +122,26 @@ pub fn run(args: EvalArgs) -> Result<ExitCode, CliError> {
         let chunk = (args.max_rows / rows_each).max(1);
         for part in idx.chunks(chunk) {
             let instances: Vec<&Instance> = part.iter().map(|&i| &items[i].instance).collect();
-            let solved = solve_batch(&trained.model, &instances, args.strategy, normalize, None, check_every, &mut rng, &device)?;
+            let solved = solve_batch(
+                &trained.model,
+                &instances,
+                args.strategy,
+                normalize,
+                None,
+                check_every,
+                &mut rng,
+                &device,
+            )?;
             for (&i, s) in part.iter().zip(solved) {
                 results[i] = Some(s);
             }
         }
     }
     let seconds = start.elapsed().as_secs_f64();
-    let results: Vec<_> = results.into_iter().map(|r| r.expect("every instance solved")).collect();
+    let results: Vec<_> = results
+        .into_iter()
+        .map(|r| r.expect("every instance solved"))
+        .collect();
 
     let costs: Vec<f64> = results.iter().map(|r| r.cost).collect();
     let gaps: Vec<f64> = items
@@ -139,7 +154,11 @@ pub fn run(args: EvalArgs) -> Result<ExitCode, CliError> {
     println!("backend        {backend}");
     println!("mean cost      {:.6}", mean(&costs));
     if !gaps.is_empty() {
-        println!("mean gap       {:.3}% ({} instances with a reference)", mean(&gaps), gaps.len());
+        println!(
+            "mean gap       {:.3}% ({} instances with a reference)",
+            mean(&gaps),
+            gaps.len()
+        );
     }
     println!("total time     {seconds:.3} s");
     println!("instances/s    {:.1}", items.len() as f64 / seconds);
@@ -154,7 +173,10 @@ pub fn run(args: EvalArgs) -> Result<ExitCode, CliError> {
                 it.instance.n(),
                 r.cost,
                 it.reference.map_or(String::new(), |x| format!("{x}")),
-                it.reference.map_or(String::new(), |x| format!("{:.4}", 100.0 * (r.cost / x - 1.0))),
+                it.reference.map_or(String::new(), |x| format!(
+                    "{:.4}",
+                    100.0 * (r.cost / x - 1.0)
+                )),
                 r.solution.routes.len()
             );
         }

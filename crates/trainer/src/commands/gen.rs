@@ -52,7 +52,8 @@ pub fn run(args: GenArgs) -> Result<ExitCode, CliError> {
     )
     .map_err(|e| CliError::Input(format!("--n/--capacity/--min-demand/--max-demand: {e}")))?;
     let mut rng = InstanceRng::new(args.seed);
-    let instances = generator.sample_many(&mut rng, args.count, &format!("cvrp{n}_s{}_", args.seed));
+    let instances =
+        generator.sample_many(&mut rng, args.count, &format!("cvrp{n}_s{}_", args.seed));
     match args.format {
         GenFormat::Jsonl => {
             if let Some(parent) = args.out.parent().filter(|p| !p.as_os_str().is_empty()) {

@@ -89,11 +89,18 @@ pub fn run(args: SolveArgs) -> Result<ExitCode, CliError> {
             instance.n(),
             format_cost(solved.cost, metric),
             reference.map_or("-".into(), |r| format_cost(r, metric)),
-            reference.map_or("-".into(), |r| format!("{:.2}", 100.0 * (solved.cost / r - 1.0))),
+            reference.map_or("-".into(), |r| format!(
+                "{:.2}",
+                100.0 * (solved.cost / r - 1.0)
+            )),
         );
         if args.plot {
             let svg = args.out_dir.join(format!("{name}.svg"));
-            let title = format!("{name}: cost {} ({})", format_cost(solved.cost, metric), args.strategy);
+            let title = format!(
+                "{name}: cost {} ({})",
+                format_cost(solved.cost, metric),
+                args.strategy
+            );
             plot_routes(&instance, &solved.solution, &title, &svg)?;
         }
     }

@@ -55,7 +55,8 @@ pub fn run(args: TrainArgs) -> Result<ExitCode, CliError> {
             let (config, stem, dir) = match &args.config {
                 Some(path) => (
                     Config::load(path)?,
-                    path.file_stem().map_or("run".into(), |s| s.to_string_lossy().into_owned()),
+                    path.file_stem()
+                        .map_or("run".into(), |s| s.to_string_lossy().into_owned()),
                     path.parent().map(Path::to_path_buf),
                 ),
                 None => (Config::embedded_default(), "default".to_string(), None),
@@ -130,5 +131,8 @@ fn new_run_dir(root: &Path, stem: &str) -> Result<PathBuf, CliError> {
             return Ok(dir);
         }
     }
-    Err(CliError::Input(format!("{}: too many runs named {stem}", root.display())))
+    Err(CliError::Input(format!(
+        "{}: too many runs named {stem}",
+        root.display()
+    )))
 }

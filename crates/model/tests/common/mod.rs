@@ -31,7 +31,11 @@ pub fn to_f32(data: TensorData) -> Vec<f32> {
 }
 
 /// The instance families the validity tests sweep, for `n` customers.
-pub fn instance_families(n: usize, count: usize, rng: &mut InstanceRng) -> Vec<(String, Vec<Instance>)> {
+pub fn instance_families(
+    n: usize,
+    count: usize,
+    rng: &mut InstanceRng,
+) -> Vec<(String, Vec<Instance>)> {
     let mut families = vec![];
     families.push((
         "kool".to_string(),
@@ -52,7 +56,9 @@ pub fn instance_families(n: usize, count: usize, rng: &mut InstanceRng) -> Vec<(
         .map(|_| {
             let points: Vec<[f64; 2]> = (0..3).map(|_| [rng.unit(), rng.unit()]).collect();
             let depot = points[0];
-            let customers = (0..n).map(|_| points[rng.int_inclusive(0, 2) as usize]).collect();
+            let customers = (0..n)
+                .map(|_| points[rng.int_inclusive(0, 2) as usize])
+                .collect();
             let demands = (0..n).map(|_| rng.int_inclusive(1, 9)).collect();
             Instance::new("dup", depot, customers, demands, 10).unwrap()
         })
