@@ -57,8 +57,8 @@ impl Backend {
 
     /// Every backend compiled into this binary, in order of preference.
     pub fn compiled() -> Vec<Backend> {
-        // CPU preference order: flex first (faster on this project's benches, see README),
-        // then ndarray. CUDA, when compiled in, is preferred over both.
+        // CUDA, when compiled in, is preferred; among CPU backends flex (Burn's recommended
+        // one) before ndarray. Not yet chosen by measurement: see the README.
         [Backend::Cuda, Backend::Flex, Backend::Ndarray]
             .into_iter()
             .filter(|b| b.is_compiled())

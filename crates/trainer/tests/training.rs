@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::tensor::Tensor;
 use routeburn_model::Backend;
 use routeburn_trainer::config::Config;
 use routeburn_trainer::training::{train, TrainOptions};
@@ -82,10 +84,28 @@ fn numbers(run_dir: &Path) -> Vec<String> {
         .collect()
 }
 
-fn final_model(run_dir: &Path) -> Vec<u8> {
+/// Every parameter value (and BatchNorm statistic) of a checkpointed model, in visiting
+/// order. (The `.bpk` bytes also hold random parameter ids, so they are not compared.)
+fn final_model(run_dir: &Path) -> Vec<f32> {
+    struct Collect(Vec<f32>);
+    impl ModuleVisitor for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.0
+                .extend(param.val().into_data().try_into_vec_as::<f32>().unwrap());
+        }
+    }
     let ckpt = run_dir.join("checkpoints");
     let latest = std::fs::read_to_string(ckpt.join("latest")).unwrap();
-    std::fs::read(ckpt.join(latest.trim()).join("model.bpk")).unwrap()
+    let device = Backend::default_compiled().unwrap().device().unwrap();
+    let model = tiny("exponential")
+        .model
+        .attention_model()
+        .init(&device)
+        .load_file(ckpt.join(latest.trim()).join("model.bpk"));
+    let mut c = Collect(vec![]);
+    model.visit(&mut c);
+    assert!(c.0.len() > 100);
+    c.0
 }
 
 #[test]
