@@ -214,3 +214,150 @@ fn gen_is_byte_identical_for_a_seed() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("capacity"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A user's whole path: train a tiny model, evaluate it with every strategy, solve CVRPLIB
+/// instances with pictures, and check the written solutions.
+#[test]
+fn train_eval_solve_check() {
+    let dir = tmp("e2e");
+    let config = dir.join("tiny.toml");
+    std::fs::write(
+        &config,
+        "[problem]\nn = 10\n[model]\nembed_dim = 16\nnum_heads = 2\nnum_layers = 1\nfeed_forward_dim = 32\n\
+[training]\nepochs = 1\nbatch_size = 16\nbatches_per_epoch = 2\nlr = 1e-3\nbaseline = \"exponential\"\n\
+[validation]\nsize = 16\n[logging]\nprogress = false\n",
+    )
+    .unwrap();
+    let run = dir.join("run");
+    let out = routeburn()
+        .arg("train")
+        .arg("--config")
+        .arg(&config)
+        .arg("--run-dir")
+        .arg(&run)
+        .arg("-q")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    assert!(metrics.starts_with("epoch,train_cost,baseline_cost"));
+    assert_eq!(metrics.lines().count(), 2);
+
+    for strategy in [
+        "greedy",
+        "sample:4",
+        "multistart",
+        "aug8",
+        "multistart+aug8",
+        "sample:2+aug8",
+    ] {
+        let csv = dir.join("eval.csv");
+        let out = routeburn()
+            .args(["eval", "--strategy", strategy, "--checkpoint"])
+            .arg(&run)
+            .arg("--data")
+            .arg(data().join("validation/cvrp10.jsonl"))
+            .arg("--out")
+            .arg(&csv)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{strategy}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("mean gap"), "{stdout}");
+        assert_eq!(std::fs::read_to_string(&csv).unwrap().lines().count(), 129);
+    }
+
+    let sols = dir.join("sols");
+    let instances = ["P/P-n16-k8", "A/A-n32-k5"];
+    let out = routeburn()
+        .args([
+            "solve",
+            "--strategy",
+            "multistart+aug8",
+            "--plot",
+            "--checkpoint",
+        ])
+        .arg(&run)
+        .arg("--out-dir")
+        .arg(&sols)
+        .args(
+            instances
+                .iter()
+                .map(|i| data().join(format!("cvrplib/{i}.vrp"))),
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for i in instances {
+        let name = i.split('/').nth(1).unwrap();
+        let out = routeburn()
+            .arg("check")
+            .arg(data().join(format!("cvrplib/{i}.vrp")))
+            .arg(sols.join(format!("{name}.sol")))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let svg = std::fs::read_to_string(sols.join(format!("{name}.svg"))).unwrap();
+        assert!(
+            svg.contains("<svg") && svg.contains("polyline"),
+            "{name}.svg"
+        );
+    }
+
+    let out = routeburn().arg("plot").arg(&run).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::read_to_string(run.join("curves.svg"))
+        .unwrap()
+        .contains("<svg"));
+
+    // A run directory that is not one, and a bad strategy: errors, not panics.
+    let out = routeburn()
+        .args(["eval", "--strategy", "greedy", "--checkpoint"])
+        .arg(&dir)
+        .arg("--data")
+        .arg(data().join("validation/cvrp10.jsonl"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = routeburn()
+        .args(["eval", "--strategy", "beam:3", "--checkpoint"])
+        .arg(&run)
+        .arg("--data")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    // A corrupt checkpoint names the file.
+    let ckpt = run.join("checkpoints/epoch-0001/model.bpk");
+    std::fs::write(&ckpt, b"not a burnpack").unwrap();
+    let out = routeburn()
+        .args(["eval", "--checkpoint"])
+        .arg(&run)
+        .arg("--data")
+        .arg(data().join("validation/cvrp10.jsonl"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("model.bpk"));
+    std::fs::remove_dir_all(&dir).ok();
+}
