@@ -111,7 +111,12 @@ fn route_row_cost<A: ActionIndex>(
 ) -> Result<f64, (usize, i64)> {
     let (mut px, mut py) = (xy[0] as f64, xy[1] as f64);
     let mut total = 0.0f64;
-    for (position, &a) in row.iter().enumerate() {
+    // Trailing padding (depot to depot) costs nothing: stop at the last customer visit.
+    let end = row
+        .iter()
+        .rposition(|a| a.to_i64() != 0)
+        .map_or(0, |p| p + 1);
+    for (position, &a) in row[..end].iter().enumerate() {
         let index = a.to_i64();
         if index as u64 >= num_nodes as u64 {
             return Err((position, index));
@@ -124,7 +129,7 @@ fn route_row_cost<A: ActionIndex>(
         total += (dx * dx + dy * dy).sqrt();
         (px, py) = (x, y);
     }
-    // Close the last route when the row was not padded back to the depot.
+    // Back to the depot from the last customer.
     let (dx, dy) = (xy[0] as f64 - px, xy[1] as f64 - py);
     Ok(total + (dx * dx + dy * dy).sqrt())
 }

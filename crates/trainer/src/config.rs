@@ -156,6 +156,21 @@ pub struct TrainingConfig {
     /// Check whether every decode finished every this many steps (one device read each).
     #[serde(default = "default_check_every")]
     pub decode_check_every: usize,
+    /// Device float type: `f32` (default), or `bf16`/`f16` on the cuda backend only.
+    #[serde(default)]
+    pub precision: Precision,
+}
+
+/// The float type of every tensor on the device. Burn has no autocast: `bf16`/`f16` make
+/// *all* device tensors (weights, activations, gradients, Adam state) that type; the host
+/// side (costs, advantages, metrics) stays f32/f64. Untested: no GPU has been available.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    F32,
+    Bf16,
+    F16,
 }
 
 fn one() -> f64 {

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams};
-use burn::tensor::{Tensor, TensorData, Transaction};
+use burn::tensor::{DeviceConfig, FloatDType, Tensor, TensorData, Transaction};
 use indicatif::{ProgressBar, ProgressStyle};
 use routeburn_data::{read_jsonl, Batch, Generator, InstanceRng};
 use routeburn_model::{AttentionModel, Backend, DecodeOptions, DeviceBatch, NoiseShape};
@@ -31,7 +31,7 @@ use crate::checkpoint::{
     MODEL_FILE, OPTIMIZER_FILE,
 };
 use crate::clip::clip_global_norm;
-use crate::config::{BaselineKind, Config, ModelKind, ValidationStrategy};
+use crate::config::{BaselineKind, Config, ModelKind, Precision, ValidationStrategy};
 use crate::error::CliError;
 use crate::evaluate::{batches_of, decode_costs, int_data_to_i64, mean, validated_costs};
 use crate::metrics::{append_metrics, truncate_metrics, EpochMetrics, Phase, PhaseTimes};
@@ -141,7 +141,23 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
         )));
     }
     let t = &config.training;
-    let device = opts.backend.device()?;
+    let mut device = opts.backend.device()?;
+    if t.precision != Precision::F32 {
+        if opts.backend != Backend::Cuda {
+            return Err(CliError::Input(format!(
+                "training.precision = {:?} needs the cuda backend (this run uses {})",
+                t.precision, opts.backend
+            )));
+        }
+        let dtype = if t.precision == Precision::Bf16 {
+            FloatDType::BF16
+        } else {
+            FloatDType::F16
+        };
+        device
+            .configure(DeviceConfig::default().float_dtype(dtype))
+            .map_err(|e| CliError::Input(format!("training.precision: {e:?}")))?;
+    }
     let train_device = device.clone().autodiff();
     let generator = config.generator().map_err(CliError::Input)?;
     let checkpoints = Checkpoints::new(opts.run_dir.join(&config.checkpointing.dir));

@@ -320,6 +320,21 @@ fn train_eval_solve_check() {
         );
     }
 
+    // An instance without coordinates fails on its own; the others are still solved.
+    let mixed = dir.join("mixed");
+    let out = routeburn()
+        .args(["solve", "--strategy", "greedy", "--checkpoint"])
+        .arg(&run)
+        .arg("--out-dir")
+        .arg(&mixed)
+        .arg(data().join("cvrplib/E/E-n13-k4.vrp"))
+        .arg(data().join("cvrplib/P/P-n16-k8.vrp"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("E-n13-k4"));
+    assert!(mixed.join("P-n16-k8.sol").exists());
+
     let out = routeburn().arg("plot").arg(&run).output().unwrap();
     assert!(
         out.status.success(),

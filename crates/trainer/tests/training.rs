@@ -158,6 +158,20 @@ fn nan_loss_stops_the_run_and_keeps_the_checkpoint() {
 }
 
 #[test]
+fn half_precision_needs_cuda() {
+    let mut config = tiny("exponential");
+    config.training.precision = routeburn_trainer::config::Precision::Bf16;
+    let dir = tmp("bf16");
+    let err = train(options(config, &dir, false, None))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("training.precision") && err.contains("cuda"),
+        "{err}"
+    );
+}
+
+#[test]
 fn every_shipped_config_parses() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../configs");
     let mut count = 0;
@@ -195,6 +209,10 @@ fn config_errors_name_the_key() {
         (TINY.replace("\"rollout\"", "\"greedy\""), "baseline"),
         (TINY.replace("n = 6", "n = \"six\""), "n"),
         (TINY.replace("[logging]", "[loging]"), "loging"),
+        (
+            TINY.replace("seed = 5", "seed = 5\nprecision = \"fp8\""),
+            "precision",
+        ),
     ];
     for (text, key) in cases {
         let err = Config::from_toml(&text, "my.toml").unwrap_err().to_string();

@@ -56,53 +56,75 @@ pub fn run(args: SolveArgs) -> Result<ExitCode, CliError> {
     std::fs::create_dir_all(&args.out_dir).map_err(|e| CliError::io(&args.out_dir, e))?;
     let mut rng = InstanceRng::new(args.seed);
     println!("instance\tn\tcost\treference\tgap_percent\tseconds");
+    // One bad instance does not stop the others; the exit status says something failed.
+    let mut failures = 0;
     for path in &args.instances {
-        let instance = read_vrp(path)?;
-        let start = Instant::now();
-        let solved = solve_batch(
-            &trained.model,
-            &[&instance],
-            args.strategy,
-            true,
-            args.metric,
-            trained.config.training.decode_check_every,
-            &mut rng,
-            &device,
-        )?
-        .remove(0);
-        let seconds = start.elapsed().as_secs_f64();
-        let metric = args.metric.unwrap_or_else(|| instance.default_metric());
-        let name = instance.name().to_string();
-        let sol_path = args.out_dir.join(format!("{name}.sol"));
-        write_sol(&solved.solution, solved.cost, &sol_path)?;
-        let reference_sol = match &args.reference_dir {
-            Some(d) => d.join(format!("{name}.sol")),
-            None => path.with_extension("sol"),
-        };
-        let reference = if reference_sol.exists() && reference_sol != sol_path {
-            read_sol(&reference_sol)?.cost
-        } else {
-            None
-        };
-        println!(
-            "{name}\t{}\t{}\t{}\t{}\t{seconds:.3}",
-            instance.n(),
-            format_cost(solved.cost, metric),
-            reference.map_or("-".into(), |r| format_cost(r, metric)),
-            reference.map_or("-".into(), |r| format!(
-                "{:.2}",
-                100.0 * (solved.cost / r - 1.0)
-            )),
-        );
-        if args.plot {
-            let svg = args.out_dir.join(format!("{name}.svg"));
-            let title = format!(
-                "{name}: cost {} ({})",
-                format_cost(solved.cost, metric),
-                args.strategy
-            );
-            plot_routes(&instance, &solved.solution, &title, &svg)?;
+        if let Err(e) = solve_one(&args, path, &trained, &mut rng, &device) {
+            eprintln!("error: {}: {e}", path.display());
+            failures += 1;
         }
     }
+    if failures > 0 {
+        return Err(CliError::Input(format!(
+            "{failures} of {} instances could not be solved",
+            args.instances.len()
+        )));
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+fn solve_one(
+    args: &SolveArgs,
+    path: &std::path::Path,
+    trained: &TrainedModel,
+    rng: &mut InstanceRng,
+    device: &burn::tensor::Device,
+) -> Result<(), CliError> {
+    let instance = read_vrp(path)?;
+    let start = Instant::now();
+    let solved = solve_batch(
+        &trained.model,
+        &[&instance],
+        args.strategy,
+        true,
+        args.metric,
+        trained.config.training.decode_check_every,
+        rng,
+        device,
+    )?
+    .remove(0);
+    let seconds = start.elapsed().as_secs_f64();
+    let metric = args.metric.unwrap_or_else(|| instance.default_metric());
+    let name = instance.name().to_string();
+    let sol_path = args.out_dir.join(format!("{name}.sol"));
+    write_sol(&solved.solution, solved.cost, &sol_path)?;
+    let reference_sol = match &args.reference_dir {
+        Some(d) => d.join(format!("{name}.sol")),
+        None => path.with_extension("sol"),
+    };
+    let reference = if reference_sol.exists() && reference_sol != sol_path {
+        read_sol(&reference_sol)?.cost
+    } else {
+        None
+    };
+    println!(
+        "{name}\t{}\t{}\t{}\t{}\t{seconds:.3}",
+        instance.n(),
+        format_cost(solved.cost, metric),
+        reference.map_or("-".into(), |r| format_cost(r, metric)),
+        reference.map_or("-".into(), |r| format!(
+            "{:.2}",
+            100.0 * (solved.cost / r - 1.0)
+        )),
+    );
+    if args.plot {
+        let svg = args.out_dir.join(format!("{name}.svg"));
+        let title = format!(
+            "{name}: cost {} ({})",
+            format_cost(solved.cost, metric),
+            args.strategy
+        );
+        plot_routes(&instance, &solved.solution, &title, &svg)?;
+    }
+    Ok(())
 }
