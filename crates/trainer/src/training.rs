@@ -36,6 +36,8 @@ use crate::error::CliError;
 use crate::evaluate::{batches_of, decode_costs, int_data_to_i64, mean, validated_costs};
 use crate::metrics::{append_metrics, truncate_metrics, EpochMetrics, Phase, PhaseTimes};
 
+static INIT_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Seeds of the independent random streams, derived from `training.seed`.
 const TRAIN_STREAM: u64 = 0x7261_696e;
 const NOISE_STREAM: u64 = 0x6e6f_6973;
@@ -175,8 +177,13 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
     };
 
     // Model, optimizer, baseline and random streams: fresh or from the latest checkpoint.
-    train_device.seed(t.seed);
-    let mut model: AttentionModel = config.model.attention_model().init(&train_device);
+    // Burn's seed is global per backend: hold a lock from seeding to the end of
+    // initialisation, so runs in one process (tests) cannot interleave their draws.
+    let mut model: AttentionModel = {
+        let _guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        train_device.seed(t.seed);
+        config.model.attention_model().init(&train_device)
+    };
     let mut optimizer = AdamConfig::new().with_epsilon(1e-8).init();
     let mut train_rng = InstanceRng::new(t.seed ^ TRAIN_STREAM);
     let mut noise_rng = InstanceRng::new(t.seed ^ NOISE_STREAM);
@@ -213,12 +220,13 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
             BaselineKind::Pomo => BaselineRuntime::Pomo,
             BaselineKind::Rollout => {
                 let bl_path = dir.join(BASELINE_FILE);
-                let frozen = config
-                    .model
-                    .attention_model()
-                    .init(&device)
-                    .try_load_file(&bl_path)
-                    .map_err(|e| record_error(&bl_path, "baseline model", e))?;
+                let frozen = {
+                    // Initialising draws from Burn's global RNG too (see INIT_LOCK).
+                    let _guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+                    config.model.attention_model().init(&device)
+                }
+                .try_load_file(&bl_path)
+                .map_err(|e| record_error(&bl_path, "baseline model", e))?;
                 let (Some(rng), Some(seed)) = (
                     state.baseline.rollout_rng.clone(),
                     state.baseline.rollout_eval_seed,

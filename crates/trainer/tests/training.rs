@@ -38,6 +38,14 @@ progress = false
 summary = false
 "#;
 
+/// Training tests run one at a time: two trainings in one process share Burn's global RNG
+/// and rayon's pool, and bitwise reproducibility is only promised for one run per process.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("routeburn-train-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -110,6 +118,7 @@ fn final_model(run_dir: &Path) -> Vec<f32> {
 
 #[test]
 fn killed_and_resumed_run_matches_uninterrupted_run() {
+    let _serial = serial();
     for baseline in ["rollout", "exponential", "pomo"] {
         let (a, b) = (tmp(&format!("a-{baseline}")), tmp(&format!("b-{baseline}")));
         let full = train(options(tiny(baseline), &a, false, None)).unwrap();
@@ -140,6 +149,7 @@ fn killed_and_resumed_run_matches_uninterrupted_run() {
 
 #[test]
 fn nan_loss_stops_the_run_and_keeps_the_checkpoint() {
+    let _serial = serial();
     let dir = tmp("nan");
     train(options(tiny("exponential"), &dir, false, Some(1))).unwrap();
     let before = final_model(&dir);
@@ -159,6 +169,7 @@ fn nan_loss_stops_the_run_and_keeps_the_checkpoint() {
 
 #[test]
 fn half_precision_needs_cuda() {
+    let _serial = serial();
     let mut config = tiny("exponential");
     config.training.precision = routeburn_trainer::config::Precision::Bf16;
     let dir = tmp("bf16");
