@@ -65,6 +65,15 @@ impl Backend {
             .collect()
     }
 
+    /// The compiled backends' names, for messages.
+    pub fn compiled_names() -> String {
+        Self::compiled()
+            .iter()
+            .map(|b| b.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// The backend used when the user names none: the first of [`Backend::compiled`].
     pub fn default_compiled() -> Result<Backend, BackendError> {
         Self::compiled()
@@ -84,11 +93,7 @@ impl Backend {
                 } else {
                     Err(BackendError::NotCompiled {
                         requested: b,
-                        compiled: Self::compiled()
-                            .iter()
-                            .map(|b| b.name())
-                            .collect::<Vec<_>>()
-                            .join(", "),
+                        compiled: Self::compiled_names(),
                     })
                 }
             }
@@ -114,11 +119,7 @@ impl Backend {
             #[allow(unreachable_patterns)]
             other => Err(BackendError::NotCompiled {
                 requested: other,
-                compiled: Self::compiled()
-                    .iter()
-                    .map(|b| b.name())
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                compiled: Self::compiled_names(),
             }),
         }
     }
