@@ -8,22 +8,18 @@
 //!    remaining capacity]; an 8-head glimpse over the unmasked nodes; single-head logits
 //!    clipped to C·tanh(q·k/√d); masked log-softmax; pick a node; update the CVRP state.
 //!
-//! # Host syncs
-//! The step loop never reads the device, except for one boolean "all finished?" read every
-//! `check_every` steps, starting only once the host-side lower bound
-//! [`DeviceBatch::min_steps`] is reached; the loop is also bounded by
-//! [`max_decode_steps`] = 2n, which no decode can exceed. Instances that finish early
-//! stay at the depot with log-probability 0, so the batch decodes in lockstep.
+//! The step loop itself (state, selection, completion checks, host syncs) is shared with
+//! the pointer network: see `decode::rollout`.
 
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::{log_softmax, softmax};
-use burn::tensor::{Device, Int, Tensor};
+use burn::tensor::{Device, Tensor};
 
-use crate::decode::{DecodeOptions, DecodeOutput, Selection};
+use crate::decode::{repeat_rows, rollout, DecodeOptions, DecodeOutput, Policy};
 use crate::encoder::{GraphEncoder, GraphEncoderConfig};
-use crate::problem::{max_decode_steps, DeviceBatch};
+use crate::problem::DeviceBatch;
 use crate::state::CvrpState;
 
 #[derive(Config, Debug)]
@@ -87,69 +83,15 @@ impl AttentionModel {
     /// # Shapes
     /// - output `actions`: `[R, T]`, `log_likelihood`: `[R]`, R = B × rows per instance
     pub fn decode(&self, problem: &DeviceBatch, options: &DecodeOptions) -> DecodeOutput {
-        let [b, n_nodes, _] = problem.coords.dims();
-        let n = n_nodes - 1;
-        let starts = if options.multi_start { n } else { 1 };
-        let rows = b * starts;
-        let device = problem.coords.device();
-
+        let n = problem.num_nodes() - 1;
         let node_embeddings = self
             .encoder
             .forward(problem.coords.clone(), problem.demand_fraction()); // [B, N, d]
-        let pre = self.precompute(repeat_rows(node_embeddings, starts));
-        let mut state = CvrpState::new(
-            repeat_rows(problem.demands.clone(), starts),
-            repeat_rows(problem.capacity.clone(), starts),
-        );
-
-        let max_steps = max_decode_steps(n);
-        let mut actions: Vec<Tensor<2, Int>> = Vec::with_capacity(max_steps);
-        let mut log_probs: Vec<Tensor<2>> = Vec::with_capacity(max_steps);
-        let mut first_step = 0;
-        if options.multi_start {
-            // POMO: row (instance i, start s) begins with customer s + 1. The forced move
-            // has no probability of its own, so it adds nothing to the log-likelihood.
-            let forced = Tensor::<1, Int>::arange(1..n as i64 + 1, &device)
-                .reshape([1, n])
-                .expand([b, n])
-                .reshape([rows, 1]); // [R, 1]
-            state.step(forced.clone());
-            actions.push(forced);
-            first_step = 1;
-        }
-
-        for step in first_step..max_steps {
-            let check_now = step >= problem.min_steps.max(1)
-                && (step - problem.min_steps.max(1)).is_multiple_of(options.check_every.max(1));
-            if check_now && state.finished().all().into_scalar::<bool>() {
-                break;
-            }
-            let log_p = self.step_log_probs(&pre, &state, options.temperature()); // [R, N]
-            let action = match options.selection {
-                Selection::Greedy => log_p.clone().argmax(1), // [R, 1]
-                Selection::Sample { .. } => {
-                    let noise = problem
-                        .noise
-                        .as_ref()
-                        .expect("a sampled decode needs DeviceBatch noise");
-                    sample_inverse_cdf(log_p.clone(), noise.clone().slice_dim(1, step..step + 1))
-                }
-            };
-            log_probs.push(log_p.gather(1, action.clone())); // [R, 1]
-            state.step(action.clone());
-            actions.push(action);
-        }
-
-        let log_likelihood = if log_probs.is_empty() {
-            Tensor::zeros([rows], &device)
-        } else {
-            Tensor::cat(log_probs, 1).sum_dim(1).squeeze_dim::<1>(1) // [R]
-        };
-        DecodeOutput {
-            actions: Tensor::cat(actions, 1), // [R, T]
-            log_likelihood,
-            rows_per_instance: starts,
-        }
+        let pre = self.precompute(repeat_rows(node_embeddings, options.rows_per_instance(n)));
+        let temperature = options.temperature();
+        rollout(problem, options, |state| {
+            self.step_log_probs(&pre, state, temperature)
+        })
     }
 
     fn precompute(&self, node_embeddings: Tensor<3>) -> Precomputed {
@@ -215,30 +157,8 @@ impl AttentionModel {
     }
 }
 
-/// Repeats each row `times` times, instance-major: `[B, ...]` → `[B × times, ...]`.
-fn repeat_rows<const D: usize>(t: Tensor<D>, times: usize) -> Tensor<D> {
-    if times == 1 {
-        return t;
+impl Policy for AttentionModel {
+    fn decode(&self, problem: &DeviceBatch, options: &DecodeOptions) -> DecodeOutput {
+        AttentionModel::decode(self, problem, options)
     }
-    let b = t.dims()[0];
-    let rows =
-        Tensor::<1, Int>::arange(0..(b * times) as i64, &t.device()).div_scalar(times as i64); // [B × times]
-    t.select(0, rows)
-}
-
-/// Samples one node per row by inverting the cumulative distribution at a uniform from the
-/// batch's noise. Masked nodes have probability exactly 0 (exp(−∞)), so they occupy no
-/// interval of the CDF and can never be selected; deterministic for a given noise.
-///
-/// # Shapes
-/// - `log_p`: `[R, N]`, `uniform`: `[R, 1]` in (0, 1) → `[R, 1]`
-fn sample_inverse_cdf(log_p: Tensor<2>, uniform: Tensor<2>) -> Tensor<2, Int> {
-    let [r, n] = log_p.dims();
-    let cdf = log_p.exp().cumsum(1); // [R, N]
-    let total = cdf.clone().slice_dim(1, n - 1..n); // [R, 1]
-    let threshold = (uniform * total).expand([r, n]); // [R, N]
-    cdf.lower(threshold)
-        .int()
-        .sum_dim(1)
-        .clamp_max((n - 1) as i64) // [R, 1]
 }

@@ -1,5 +1,6 @@
 //! Neural CVRP solvers in Burn: the attention model (graph-transformer encoder with a
-//! pointer decoder) and the CVRP decoding state they share.
+//! pointer decoder), the LSTM pointer network, and the CVRP decoding state and step loop
+//! they share.
 //!
 //! The model knows nothing of training: it turns a [`DeviceBatch`] into a
 //! [`DecodeOutput`] of actions and log-likelihoods.
@@ -8,12 +9,18 @@ pub mod attention_model;
 pub mod backend;
 pub mod decode;
 pub mod encoder;
+pub mod pointer_network;
 pub mod problem;
+pub mod routing_model;
 pub mod state;
 
 pub use attention_model::{AttentionModel, AttentionModelConfig};
 pub use backend::{Backend, BackendError};
-pub use decode::{DecodeOptions, DecodeOutput, Selection};
+pub use decode::{DecodeOptions, DecodeOutput, Policy, Selection};
 pub use encoder::{GraphEncoder, GraphEncoderConfig, Normalization};
-pub use problem::{max_decode_steps, DeviceBatch, NoiseShape};
+pub use pointer_network::{
+    pointer_network_loss, PointerNetwork, PointerNetworkConfig, NODE_FEATURES,
+};
+pub use problem::{max_decode_steps, DeviceBatch, DeviceTargets, NoiseShape};
+pub use routing_model::RoutingModel;
 pub use state::CvrpState;

@@ -1,6 +1,6 @@
 //! A batch of instances on the device, uploaded in one transfer.
 
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use routeburn_data::{Batch, InstanceRng};
 
 /// The device-side view of a [`Batch`], plus the uniform noise a sampled decode consumes.
@@ -23,6 +23,15 @@ pub struct DeviceBatch {
     pub min_steps: usize,
 }
 
+/// Target tours of a supervised batch, on the device.
+#[derive(Debug, Clone)]
+pub struct DeviceTargets {
+    /// `[B, T]` node indices, padded with depot visits.
+    pub targets: Tensor<2, Int>,
+    /// `[B, T]` true inside each tour's true length.
+    pub valid: Tensor<2, Bool>,
+}
+
 /// How much sampling noise to upload with a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NoiseShape {
@@ -38,6 +47,29 @@ impl DeviceBatch {
         noise: Option<(NoiseShape, &mut InstanceRng)>,
         device: &Device,
     ) -> Self {
+        Self::upload_inner(batch, noise, None, device).0
+    }
+
+    /// Uploads `batch` and its target tours (one action sequence per instance, see
+    /// `routeburn_cost::Solution::to_actions`) in one transfer, for supervised training.
+    /// Targets are padded with depot visits to the longest; `valid` marks the positions
+    /// inside each tour's true length.
+    pub fn upload_with_targets(
+        batch: &Batch,
+        targets: &[Vec<i64>],
+        device: &Device,
+    ) -> (Self, DeviceTargets) {
+        assert_eq!(targets.len(), batch.size, "one target tour per instance");
+        let (problem, targets) = Self::upload_inner(batch, None, Some(targets), device);
+        (problem, targets.expect("targets uploaded"))
+    }
+
+    fn upload_inner(
+        batch: &Batch,
+        noise: Option<(NoiseShape, &mut InstanceRng)>,
+        targets: Option<&[Vec<i64>]>,
+        device: &Device,
+    ) -> (Self, Option<DeviceTargets>) {
         let (b, nodes) = (batch.size, batch.num_nodes());
         let steps = max_decode_steps(batch.n);
         let noise_len = noise
@@ -58,6 +90,19 @@ impl DeviceBatch {
         } else {
             None
         };
+        // Node indices are exact in f32 (far below 2²⁴) and turned back into ints on the
+        // device, so the targets ride in the same buffer.
+        let target_len = targets.map(|t| t.iter().map(Vec::len).max().unwrap_or(0).max(1));
+        if let (Some(targets), Some(len)) = (targets, target_len) {
+            for tour in targets {
+                buffer.extend(tour.iter().map(|&a| a as f32));
+                buffer.extend(std::iter::repeat_n(0.0, len - tour.len()));
+            }
+            for tour in targets {
+                buffer.extend(std::iter::repeat_n(1.0, tour.len()));
+                buffer.extend(std::iter::repeat_n(0.0, len - tour.len()));
+            }
+        }
         let total = buffer.len();
         let flat = Tensor::<1>::from_data(TensorData::new(buffer, [total]), device);
         let mut at = 0;
@@ -70,13 +115,18 @@ impl DeviceBatch {
         let demands = take(b * nodes).reshape([b, nodes]);
         let capacity = take(b).reshape([b, 1]);
         let noise = rows.map(|r| take(r * steps).reshape([r, steps]));
-        Self {
+        let targets = target_len.map(|len| DeviceTargets {
+            targets: take(b * len).reshape([b, len]).int(),
+            valid: take(b * len).reshape([b, len]).greater_elem(0.5),
+        });
+        let problem = Self {
             coords,
             demands,
             capacity,
             noise,
             min_steps: min_decode_steps(batch),
-        }
+        };
+        (problem, targets)
     }
 
     pub fn size(&self) -> usize {

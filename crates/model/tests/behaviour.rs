@@ -1,13 +1,15 @@
-//! Shapes, masks, batch independence, seeded sampling and gradients.
+//! Shapes, masks, batch independence, seeded sampling and gradients; the pointer network's
+//! teacher forcing and loss.
 
 mod common;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::{Int, Tensor, TensorData};
 use common::*;
-use routeburn_data::{Generator, InstanceRng};
+use routeburn_data::{label_instances, Generator, HeuristicConfig, InstanceRng};
 use routeburn_model::{
-    AttentionModelConfig, CvrpState, DecodeOptions, DeviceBatch, NoiseShape, Normalization,
+    pointer_network_loss, AttentionModelConfig, CvrpState, DecodeOptions, DeviceBatch, NoiseShape,
+    Normalization,
 };
 
 fn trim(row: &[i64]) -> Vec<i64> {
@@ -206,4 +208,96 @@ fn every_parameter_gets_a_gradient() {
         assert!(check.seen > 10);
         assert!(check.bad.is_empty(), "{norm:?}: {:?}", check.bad);
     }
+}
+
+/// The teacher-forced pass and the free-running decode are two code paths through the
+/// pointer network: fed the greedy decode's own tours, the first must give back the
+/// second's log-likelihood, and the loss must be their mean negative log-probability.
+#[test]
+fn pointer_network_teacher_forcing_reproduces_its_greedy_decode() {
+    let device = device();
+    let model = small_pointer_config().init(&device);
+    let batch = Generator::uniform(10).sample_batch(&mut InstanceRng::new(11), 8);
+    let problem = DeviceBatch::upload(&batch, None, &device);
+    let out = model.decode(&problem, &DecodeOptions::greedy());
+    let [b, t] = out.actions.dims();
+    let log_probs = model.teacher_forced(&problem, out.actions.clone(), &vec![true; t]);
+    let n = batch.num_nodes();
+    assert_eq!(log_probs.dims(), [b, t, n]);
+
+    let actions = to_i64(out.actions.clone().into_data());
+    let lp = to_f32(log_probs.clone().into_data());
+    let ll = to_f32(out.log_likelihood.into_data());
+    let mut total = 0.0f64;
+    for row in 0..b {
+        let mut sum = 0.0f64;
+        for step in 0..t {
+            let a = actions[row * t + step] as usize;
+            sum += lp[(row * t + step) * n + a] as f64;
+        }
+        assert!(
+            (sum - ll[row] as f64).abs() < 1e-4,
+            "row {row}: teacher-forced {sum} vs decode {}",
+            ll[row]
+        );
+        total += sum;
+    }
+    let valid = Tensor::<2>::ones([b, t], &device).bool();
+    let loss = pointer_network_loss(log_probs, out.actions, valid).into_scalar::<f32>();
+    let by_hand = -total / (b * t) as f64;
+    assert!((loss as f64 - by_hand).abs() < 1e-5, "{loss} vs {by_hand}");
+}
+
+#[test]
+fn pointer_network_loss_ignores_padding_even_at_minus_infinity() {
+    let device = device();
+    let ln = |p: f32| p.ln();
+    // One tour of 2 real steps and 1 padded step whose target is masked (−∞).
+    let log_probs = Tensor::<3>::from_data(
+        TensorData::new(
+            vec![ln(0.25), ln(0.75), ln(0.5), ln(0.5), 0.0, f32::NEG_INFINITY],
+            [1, 3, 2],
+        ),
+        &device,
+    );
+    let targets = Tensor::<2, Int>::from_data(TensorData::new(vec![1i64, 0, 1], [1, 3]), &device);
+    let valid = Tensor::<2>::from_data(TensorData::new(vec![1.0f32, 1.0, 0.0], [1, 3]), &device)
+        .greater_elem(0.5);
+    let loss = pointer_network_loss(log_probs, targets, valid).into_scalar::<f32>();
+    let by_hand = -(0.75f32.ln() + 0.5f32.ln()) / 2.0;
+    assert!((loss - by_hand).abs() < 1e-6, "{loss} vs {by_hand}");
+}
+
+#[test]
+fn pointer_network_parameters_all_get_gradients_from_heuristic_labels() {
+    let device = device().autodiff();
+    let model = small_pointer_config().init(&device);
+    let instances = Generator::uniform(8).sample_many(&mut InstanceRng::new(5), 12, "g");
+    let labels = label_instances(&instances, &HeuristicConfig::default(), &|_| {});
+    let targets: Vec<Vec<i64>> = labels
+        .iter()
+        .map(|r| r.reference_routes.as_ref().unwrap().to_actions(0))
+        .collect();
+    let batch = batch_of(&instances);
+    let (problem, target) = DeviceBatch::upload_with_targets(&batch, &targets, &device);
+    let [_, t] = target.targets.dims();
+    assert_eq!(t, targets.iter().map(Vec::len).max().unwrap());
+    // Half the steps fed the network's own choice: both decoder inputs get exercised.
+    let teacher: Vec<bool> = (0..t).map(|i| i % 2 == 0).collect();
+    let log_probs = model.teacher_forced(&problem, target.targets.clone(), &teacher);
+    let loss = pointer_network_loss(log_probs, target.targets, target.valid);
+    let value = loss.clone().into_scalar::<f32>();
+    assert!(
+        value.is_finite() && value > 0.0,
+        "every label is feasible under the masks: loss {value}"
+    );
+    let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
+    let mut check = GradCheck {
+        grads: &grads,
+        seen: 0,
+        bad: vec![],
+    };
+    model.visit(&mut check);
+    assert!(check.seen > 10);
+    assert!(check.bad.is_empty(), "{:?}", check.bad);
 }

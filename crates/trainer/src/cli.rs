@@ -22,6 +22,9 @@ pub enum Command {
     /// Exit status: 0 for a feasible solution, 1 for an infeasible one, 2 for unreadable or
     /// malformed input.
     Check(commands::check::CheckArgs),
+    /// Solve a JSONL dataset with the classical heuristic (savings + local search) and write
+    /// it as labels for supervised training; reports the gap to any reference costs.
+    Label(commands::label::LabelArgs),
     /// Train a model (default: the attention model with REINFORCE on the embedded config).
     Train(commands::train::TrainArgs),
     /// Evaluate a trained model on a JSONL dataset or a directory of .vrp files.
@@ -36,6 +39,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
         Command::Gen(args) => commands::gen::run(args),
         Command::Check(args) => commands::check::run(args),
+        Command::Label(args) => commands::label::run(args),
         Command::Train(args) => commands::train::run(args),
         Command::Eval(args) => commands::eval::run(args),
         Command::Solve(args) => commands::solve::run(args),

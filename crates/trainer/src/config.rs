@@ -3,8 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
+use burn::tensor::Device;
+use routeburn_data::HeuristicConfig;
 use routeburn_data::{Generator, GeneratorConfig};
-use routeburn_model::{AttentionModelConfig, GraphEncoderConfig, Normalization};
+use routeburn_model::{
+    AttentionModelConfig, GraphEncoderConfig, Normalization, PointerNetworkConfig, RoutingModel,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::error::CliError;
@@ -22,6 +26,9 @@ pub struct Config {
     pub training: TrainingConfig,
     #[serde(default)]
     pub validation: ValidationConfig,
+    /// Labels and teacher forcing of the pointer network (ignored by gt-rl).
+    #[serde(default)]
+    pub supervised: SupervisedConfig,
     #[serde(default)]
     pub checkpointing: CheckpointConfig,
     #[serde(default)]
@@ -72,6 +79,8 @@ impl std::fmt::Display for ModelKind {
     }
 }
 
+/// Both models' settings: `embed_dim` … `normalization` shape the attention model,
+/// `hidden_dim`, `lstm_layers` and `dropout` the pointer network; `tanh_clipping` is both's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
@@ -82,6 +91,9 @@ pub struct ModelConfig {
     pub feed_forward_dim: usize,
     pub normalization: Normalization,
     pub tanh_clipping: f64,
+    pub hidden_dim: usize,
+    pub lstm_layers: usize,
+    pub dropout: f64,
 }
 
 impl Default for ModelConfig {
@@ -94,6 +106,9 @@ impl Default for ModelConfig {
             feed_forward_dim: 512,
             normalization: Normalization::Batch,
             tanh_clipping: 10.0,
+            hidden_dim: 256,
+            lstm_layers: 2,
+            dropout: 0.2,
         }
     }
 }
@@ -111,12 +126,29 @@ impl ModelConfig {
             )
             .with_tanh_clipping(self.tanh_clipping)
     }
+
+    pub fn pointer_network(&self) -> PointerNetworkConfig {
+        PointerNetworkConfig::new()
+            .with_hidden_dim(self.hidden_dim)
+            .with_num_layers(self.lstm_layers)
+            .with_dropout(self.dropout)
+            .with_tanh_clipping(self.tanh_clipping)
+    }
+
+    /// The model `kind` names, freshly initialised.
+    pub fn init(&self, device: &Device) -> RoutingModel {
+        match self.kind {
+            ModelKind::GtRl => self.attention_model().init(device).into(),
+            ModelKind::PtrNet => self.pointer_network().init(device).into(),
+        }
+    }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum BaselineKind {
     /// Greedy rollout of a frozen copy, replaced after a one-sided paired t-test (Kool).
+    #[default]
     Rollout,
     /// Exponential moving average of the batch's mean cost.
     Exponential,
@@ -129,6 +161,9 @@ pub enum BaselineKind {
 pub struct TrainingConfig {
     pub epochs: usize,
     pub batch_size: usize,
+    /// Batches per epoch. Required for gt-rl; for ptrnet 0 (the default) is one pass over
+    /// the labels, and a positive value caps the pass.
+    #[serde(default)]
     pub batches_per_epoch: usize,
     /// Adam learning rate.
     pub lr: f64,
@@ -140,6 +175,8 @@ pub struct TrainingConfig {
     pub max_grad_norm: f64,
     #[serde(default)]
     pub seed: u64,
+    /// REINFORCE baseline (gt-rl only).
+    #[serde(default)]
     pub baseline: BaselineKind,
     /// β of the exponential baseline (also the rollout baseline's warm-up).
     #[serde(default = "default_exp_beta")]
@@ -227,6 +264,57 @@ impl Default for ValidationConfig {
     }
 }
 
+/// The pointer network's supervised training: labels from the classical heuristic and the
+/// teacher-forcing schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SupervisedConfig {
+    /// Labelled training instances (the seeds': 10000).
+    pub labels: usize,
+    /// Seed of the labelled instances and of the heuristic.
+    pub label_seed: u64,
+    /// A JSONL file of labelled instances: read when it exists, otherwise written after
+    /// labelling, so labels are computed once. Default: `labels.jsonl` in the run directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub labels_file: Option<PathBuf>,
+    /// Ruin-and-recreate rounds of the heuristic per instance (more: better labels, slower).
+    pub heuristic_rounds: usize,
+    /// Probability that a decoder step is fed the previous target rather than the
+    /// network's own previous choice.
+    pub teacher_forcing: f64,
+    /// Multiply `teacher_forcing` by this after every epoch (1.0: constant).
+    pub teacher_forcing_decay: f64,
+}
+
+impl Default for SupervisedConfig {
+    fn default() -> Self {
+        Self {
+            labels: 10_000,
+            label_seed: 7,
+            labels_file: None,
+            heuristic_rounds: HeuristicConfig::default().perturbation_rounds,
+            teacher_forcing: 1.0,
+            teacher_forcing_decay: 1.0,
+        }
+    }
+}
+
+impl SupervisedConfig {
+    /// The heuristic settings of the labels.
+    pub fn heuristic(&self) -> HeuristicConfig {
+        HeuristicConfig {
+            perturbation_rounds: self.heuristic_rounds,
+            seed: self.label_seed,
+            ..HeuristicConfig::default()
+        }
+    }
+
+    /// The teacher-forcing ratio of `epoch` (0-based).
+    pub fn teacher_forcing_at(&self, epoch: usize) -> f64 {
+        self.teacher_forcing * self.teacher_forcing_decay.powi(epoch as i32)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointConfig {
@@ -269,8 +357,21 @@ impl Default for LoggingConfig {
 impl Config {
     /// Parses TOML text; `origin` names the file (or "embedded default config") in errors.
     pub fn from_toml(text: &str, origin: &str) -> Result<Self, CliError> {
-        let config: Config = toml::from_str(text)
+        Self::from_toml_as(text, origin, None)
+    }
+
+    /// Like [`Config::from_toml`], with `model.kind` replaced by `kind` (the command line's
+    /// `--model`) before the settings that depend on it are checked.
+    pub fn from_toml_as(
+        text: &str,
+        origin: &str,
+        kind: Option<ModelKind>,
+    ) -> Result<Self, CliError> {
+        let mut config: Config = toml::from_str(text)
             .map_err(|e| CliError::Input(format!("{origin}: {}", e.to_string().trim_end())))?;
+        if let Some(kind) = kind {
+            config.model.kind = kind;
+        }
         config
             .validate()
             .map_err(|e| CliError::Input(format!("{origin}: {e}")))?;
@@ -278,8 +379,18 @@ impl Config {
     }
 
     pub fn load(path: &Path) -> Result<Self, CliError> {
+        Self::load_as(path, None)
+    }
+
+    /// [`Config::load`] with `model.kind` replaced by `kind`, see [`Config::from_toml_as`].
+    pub fn load_as(path: &Path, kind: Option<ModelKind>) -> Result<Self, CliError> {
         let text = std::fs::read_to_string(path).map_err(|e| CliError::io(path, e))?;
-        Self::from_toml(&text, &path.display().to_string())
+        Self::from_toml_as(&text, &path.display().to_string(), kind)
+    }
+
+    /// The embedded default config, as `kind` when given.
+    pub fn embedded_default_as(kind: Option<ModelKind>) -> Result<Self, CliError> {
+        Self::from_toml_as(DEFAULT_CONFIG, "embedded default config", kind)
     }
 
     pub fn embedded_default() -> Self {
@@ -331,10 +442,36 @@ impl Config {
             ));
         }
         finite_positive("model.tanh_clipping", m.tanh_clipping)?;
+        positive("model.hidden_dim", m.hidden_dim)?;
+        positive("model.lstm_layers", m.lstm_layers)?;
+        if !(0.0..1.0).contains(&m.dropout) {
+            return Err(format!(
+                "`model.dropout` must be in [0, 1), got {}",
+                m.dropout
+            ));
+        }
         let t = &self.training;
         positive("training.epochs", t.epochs)?;
         positive("training.batch_size", t.batch_size)?;
-        positive("training.batches_per_epoch", t.batches_per_epoch)?;
+        if m.kind == ModelKind::GtRl {
+            positive("training.batches_per_epoch", t.batches_per_epoch)?;
+        }
+        let sup = &self.supervised;
+        if m.kind == ModelKind::PtrNet {
+            positive("supervised.labels", sup.labels)?;
+        }
+        if !(0.0..=1.0).contains(&sup.teacher_forcing) {
+            return Err(format!(
+                "`supervised.teacher_forcing` must be in [0, 1], got {}",
+                sup.teacher_forcing
+            ));
+        }
+        if !(0.0..=1.0).contains(&sup.teacher_forcing_decay) {
+            return Err(format!(
+                "`supervised.teacher_forcing_decay` must be in [0, 1], got {}",
+                sup.teacher_forcing_decay
+            ));
+        }
         finite_positive("training.lr", t.lr)?;
         finite_positive("training.lr_decay", t.lr_decay)?;
         if !(t.max_grad_norm.is_finite() && t.max_grad_norm >= 0.0) {

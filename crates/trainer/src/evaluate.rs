@@ -4,7 +4,7 @@
 use burn::tensor::{Device, Int, Tensor, TensorData, Transaction};
 use routeburn_cost::{batch_costs, validate_batch, ActionIndex};
 use routeburn_data::Batch;
-use routeburn_model::{AttentionModel, DecodeOptions, DeviceBatch};
+use routeburn_model::{DecodeOptions, DeviceBatch, Policy};
 
 use crate::error::CliError;
 
@@ -86,7 +86,7 @@ pub fn best_per_instance(costs: &[f64], rows_per_instance: usize) -> Vec<f64> {
 /// Decodes every batch with `model` (an inference copy, see `Module::valid`) and returns
 /// each instance's best validated cost.
 pub fn decode_costs(
-    model: &AttentionModel,
+    model: &impl Policy,
     batches: &[Batch],
     options: &DecodeOptions,
     device: &Device,

@@ -9,7 +9,7 @@ use burn::module::Module;
 use burn::tensor::Device;
 use routeburn_cost::{Metric, Solution};
 use routeburn_data::{normalize_coords, Batch, Instance, InstanceRng};
-use routeburn_model::{AttentionModel, DecodeOptions, DeviceBatch, NoiseShape};
+use routeburn_model::{DecodeOptions, DeviceBatch, NoiseShape, Policy, RoutingModel};
 
 use crate::checkpoint::{record_error, Checkpoints, MODEL_FILE};
 use crate::config::{Config, ModelKind};
@@ -84,7 +84,7 @@ impl std::fmt::Display for Strategy {
 
 /// A trained model loaded from a run directory.
 pub struct TrainedModel {
-    pub model: AttentionModel,
+    pub model: RoutingModel,
     pub config: Config,
     pub checkpoint: PathBuf,
 }
@@ -110,21 +110,27 @@ impl TrainedModel {
             (config_path, dir)
         };
         let config = Config::load(&config_path)?;
-        if config.model.kind != ModelKind::GtRl {
-            return Err(CliError::Input(format!(
-                "{}: a `{}` checkpoint; only the attention model (gt-rl) can be evaluated so far",
-                ckpt_dir.display(),
-                config.model.kind
-            )));
-        }
         let path = ckpt_dir.join(MODEL_FILE);
-        let model = config
-            .model
-            .attention_model()
-            .init(device)
-            .try_load_file(&path)
-            .map_err(|e| record_error(&path, "model", e))?
-            .valid();
+        // The config says which model the file holds; a file of another model or size
+        // fails to load with an error that names both.
+        let what = format!("{} model", config.model.kind);
+        let model: RoutingModel = match config.model.kind {
+            ModelKind::GtRl => config
+                .model
+                .attention_model()
+                .init(device)
+                .try_load_file(&path)
+                .map_err(|e| record_error(&path, &what, e))?
+                .into(),
+            ModelKind::PtrNet => config
+                .model
+                .pointer_network()
+                .init(device)
+                .try_load_file(&path)
+                .map_err(|e| record_error(&path, &what, e))?
+                .into(),
+        };
+        let model = model.valid();
         Ok(Self {
             model,
             config,
@@ -161,7 +167,7 @@ pub struct Solved {
 /// instances' own coordinates under `metric` (None: each instance's default).
 #[allow(clippy::too_many_arguments)]
 pub fn solve_batch(
-    model: &AttentionModel,
+    model: &impl Policy,
     instances: &[&Instance],
     strategy: Strategy,
     normalize: bool,

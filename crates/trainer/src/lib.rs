@@ -11,6 +11,7 @@ pub mod evaluate;
 pub mod inference;
 pub mod metrics;
 pub mod plot;
+pub mod supervised;
 pub mod training;
 
 pub use error::CliError;

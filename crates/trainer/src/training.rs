@@ -20,10 +20,10 @@ use std::time::Instant;
 
 use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams};
-use burn::tensor::{DeviceConfig, FloatDType, Tensor, TensorData, Transaction};
+use burn::tensor::{Device, DeviceConfig, FloatDType, Tensor, TensorData, Transaction};
 use indicatif::{ProgressBar, ProgressStyle};
 use routeburn_data::{read_jsonl, Batch, Generator, InstanceRng};
-use routeburn_model::{AttentionModel, Backend, DecodeOptions, DeviceBatch, NoiseShape};
+use routeburn_model::{AttentionModel, Backend, DecodeOptions, DeviceBatch, NoiseShape, Policy};
 
 use crate::baseline::{EvalSetSpec, ExponentialBaseline, RolloutBaseline};
 use crate::checkpoint::{
@@ -36,11 +36,11 @@ use crate::error::CliError;
 use crate::evaluate::{batches_of, decode_costs, int_data_to_i64, mean, validated_costs};
 use crate::metrics::{append_metrics, truncate_metrics, EpochMetrics, Phase, PhaseTimes};
 
-static INIT_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+pub(crate) static INIT_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Seeds of the independent random streams, derived from `training.seed`.
-const TRAIN_STREAM: u64 = 0x7261_696e;
-const NOISE_STREAM: u64 = 0x6e6f_6973;
+pub(crate) const TRAIN_STREAM: u64 = 0x7261_696e;
+pub(crate) const NOISE_STREAM: u64 = 0x6e6f_6973;
 const BASELINE_STREAM: u64 = 0x6261_7365;
 
 pub struct TrainOptions {
@@ -65,12 +65,12 @@ pub struct TrainSummary {
 }
 
 /// The validation set: batches, and reference costs per instance when the file has them.
-struct ValidationSet {
+pub(crate) struct ValidationSet {
     batches: Vec<Batch>,
     references: Option<Vec<f64>>,
 }
 
-fn load_validation(
+pub(crate) fn load_validation(
     config: &Config,
     generator: &Generator,
     config_dir: Option<&Path>,
@@ -112,6 +112,99 @@ fn load_validation(
     }
 }
 
+/// The run's latest checkpoint, checked to be of the config's model.
+pub(crate) fn latest_checkpoint(
+    checkpoints: &Checkpoints,
+    config: &Config,
+) -> Result<(PathBuf, TrainState), CliError> {
+    let (dir, state) = checkpoints.latest()?;
+    if state.model_kind != config.model.kind {
+        return Err(CliError::Input(format!(
+            "{}: checkpoint is of model `{}`, the run's config says `{}`",
+            dir.display(),
+            state.model_kind,
+            config.model.kind
+        )));
+    }
+    Ok((dir, state))
+}
+
+/// Drops metrics rows past the checkpoint a run resumes from, and says so.
+pub(crate) fn announce_resume(
+    opts: &TrainOptions,
+    metrics_path: &Path,
+    start_epoch: usize,
+) -> Result<(), CliError> {
+    truncate_metrics(metrics_path, start_epoch)?;
+    if opts.verbose {
+        eprintln!(
+            "resuming {} at epoch {}",
+            opts.run_dir.display(),
+            start_epoch + 1
+        );
+    }
+    Ok(())
+}
+
+/// A fresh run directory: the resolved config, and no metrics of an earlier run.
+pub(crate) fn start_run_dir(
+    run_dir: &Path,
+    config: &Config,
+    metrics_path: &Path,
+) -> Result<(), CliError> {
+    std::fs::create_dir_all(run_dir).map_err(|e| CliError::io(run_dir, e))?;
+    crate::checkpoint::write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
+    if metrics_path.exists() {
+        std::fs::remove_file(metrics_path).map_err(|e| CliError::io(metrics_path, e))?;
+    }
+    Ok(())
+}
+
+/// The device of a run, with its float type set by `training.precision`.
+pub(crate) fn training_device(backend: Backend, precision: Precision) -> Result<Device, CliError> {
+    let mut device = backend.device()?;
+    if precision != Precision::F32 {
+        if backend != Backend::Cuda {
+            return Err(CliError::Input(format!(
+                "training.precision = {precision:?} needs the cuda backend (this run uses {backend})"
+            )));
+        }
+        let dtype = if precision == Precision::Bf16 {
+            FloatDType::BF16
+        } else {
+            FloatDType::F16
+        };
+        device
+            .configure(DeviceConfig::default().float_dtype(dtype))
+            .map_err(|e| CliError::Input(format!("training.precision: {e:?}")))?;
+    }
+    Ok(device)
+}
+
+impl ValidationSet {
+    /// Mean validated cost of `model`'s decodes, and the mean gap to the reference costs
+    /// in percent when the set has them.
+    pub(crate) fn evaluate(
+        &self,
+        model: &impl Policy,
+        options: &DecodeOptions,
+        device: &Device,
+    ) -> Result<(f64, Option<f64>), CliError> {
+        let costs = decode_costs(model, &self.batches, options, device)?;
+        let gap = self.references.as_ref().map(|refs| {
+            100.0
+                * mean(
+                    &costs
+                        .iter()
+                        .zip(refs)
+                        .map(|(c, r)| c / r - 1.0)
+                        .collect::<Vec<_>>(),
+                )
+        });
+        Ok((mean(&costs), gap))
+    }
+}
+
 /// `path` as given if it exists, else relative to the config's directory.
 pub fn resolve(path: &Path, config_dir: Option<&Path>) -> PathBuf {
     if path.is_absolute() || path.exists() {
@@ -136,30 +229,11 @@ enum BaselineRuntime {
 /// Runs (or resumes) a training run to completion.
 pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
     let config = opts.config.clone();
-    if config.model.kind != ModelKind::GtRl {
-        return Err(CliError::Input(format!(
-            "model `{}` is not trained by the REINFORCE loop",
-            config.model.kind
-        )));
+    if config.model.kind == ModelKind::PtrNet {
+        return crate::supervised::train_supervised(opts);
     }
     let t = &config.training;
-    let mut device = opts.backend.device()?;
-    if t.precision != Precision::F32 {
-        if opts.backend != Backend::Cuda {
-            return Err(CliError::Input(format!(
-                "training.precision = {:?} needs the cuda backend (this run uses {})",
-                t.precision, opts.backend
-            )));
-        }
-        let dtype = if t.precision == Precision::Bf16 {
-            FloatDType::BF16
-        } else {
-            FloatDType::F16
-        };
-        device
-            .configure(DeviceConfig::default().float_dtype(dtype))
-            .map_err(|e| CliError::Input(format!("training.precision: {e:?}")))?;
-    }
+    let device = training_device(opts.backend, t.precision)?;
     let train_device = device.clone().autodiff();
     let generator = config.generator().map_err(CliError::Input)?;
     let checkpoints = Checkpoints::new(opts.run_dir.join(&config.checkpointing.dir));
@@ -191,15 +265,7 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
     let mut elapsed_before = 0.0;
     let mut baseline;
     if opts.resume {
-        let (dir, state) = checkpoints.latest()?;
-        if state.model_kind != config.model.kind {
-            return Err(CliError::Input(format!(
-                "{}: checkpoint is of model `{}`, the run's config says `{}`",
-                dir.display(),
-                state.model_kind,
-                config.model.kind
-            )));
-        }
+        let (dir, state) = latest_checkpoint(&checkpoints, &config)?;
         let model_path = dir.join(MODEL_FILE);
         model = model
             .try_load_file(&model_path)
@@ -245,23 +311,9 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
                 }
             }
         };
-        truncate_metrics(&metrics_path, start_epoch)?;
-        if opts.verbose {
-            eprintln!(
-                "resuming {} at epoch {}",
-                opts.run_dir.display(),
-                start_epoch + 1
-            );
-        }
+        announce_resume(&opts, &metrics_path, start_epoch)?;
     } else {
-        std::fs::create_dir_all(&opts.run_dir).map_err(|e| CliError::io(&opts.run_dir, e))?;
-        crate::checkpoint::write_atomic(
-            &opts.run_dir.join("config.toml"),
-            config.to_toml().as_bytes(),
-        )?;
-        if metrics_path.exists() {
-            std::fs::remove_file(&metrics_path).map_err(|e| CliError::io(&metrics_path, e))?;
-        }
+        start_run_dir(&opts.run_dir, &config, &metrics_path)?;
         baseline = match t.baseline {
             BaselineKind::Exponential => {
                 BaselineRuntime::Exponential(ExponentialBaseline::new(t.exp_beta))
@@ -444,22 +496,8 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
         let inference_model = model.valid();
         let (val_cost, val_gap, baseline_updated) =
             times.time(Phase::Validation, || -> Result<_, CliError> {
-                let costs = decode_costs(
-                    &inference_model,
-                    &validation.batches,
-                    &validation_options,
-                    &device,
-                )?;
-                let gap = validation.references.as_ref().map(|refs| {
-                    100.0
-                        * mean(
-                            &costs
-                                .iter()
-                                .zip(refs)
-                                .map(|(c, r)| c / r - 1.0)
-                                .collect::<Vec<_>>(),
-                        )
-                });
+                let (val_cost, gap) =
+                    validation.evaluate(&inference_model, &validation_options, &device)?;
                 let mut updated = false;
                 if let BaselineRuntime::Rollout { rollout, .. } = &mut baseline {
                     let test = rollout.epoch_end(&inference_model, t.baseline_alpha, &eval_spec)?;
@@ -474,7 +512,7 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
                         );
                     }
                 }
-                Ok((mean(&costs), gap, updated))
+                Ok((val_cost, gap, updated))
             })?;
 
         let seconds = epoch_start.elapsed().as_secs_f64();
@@ -494,7 +532,7 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
             phases: times,
         };
         if opts.verbose && config.logging.summary {
-            print_summary(&metrics, t.epochs);
+            print_summary(&metrics, t.epochs, config.model.kind);
         }
         // Metrics first, then the checkpoint: a resume drops rows past the checkpoint.
         append_metrics(&metrics_path, &metrics)?;
@@ -555,7 +593,7 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
     })
 }
 
-fn check_finite(
+pub(crate) fn check_finite(
     loss: f32,
     epoch: usize,
     step: usize,
@@ -568,7 +606,7 @@ fn check_finite(
     }
 }
 
-fn non_finite(
+pub(crate) fn non_finite(
     what: &str,
     value: f32,
     epoch: usize,
@@ -588,7 +626,7 @@ fn non_finite(
     ))
 }
 
-fn progress_bar(config: &Config, epoch: usize, verbose: bool) -> Option<ProgressBar> {
+pub(crate) fn progress_bar(config: &Config, epoch: usize, verbose: bool) -> Option<ProgressBar> {
     if !(verbose && config.logging.progress && std::io::stderr().is_terminal()) {
         return None;
     }
@@ -604,12 +642,17 @@ fn progress_bar(config: &Config, epoch: usize, verbose: bool) -> Option<Progress
     Some(pb)
 }
 
-fn print_summary(m: &EpochMetrics, epochs: usize) {
+pub(crate) fn print_summary(m: &EpochMetrics, epochs: usize, kind: ModelKind) {
+    let costs = match kind {
+        ModelKind::GtRl => format!(
+            "train {:.4} | baseline {:.4}",
+            m.train_cost, m.baseline_cost
+        ),
+        ModelKind::PtrNet => format!("labels {:.4}", m.train_cost),
+    };
     eprintln!(
-        "epoch {}/{epochs}: train {:.4} | baseline {:.4} | val {:.4}{} | loss {:.4} | grad norm {:.3} | {:.1}s, {:.0} inst/s",
+        "epoch {}/{epochs}: {costs} | val {:.4}{} | loss {:.4} | grad norm {:.3} | {:.1}s, {:.0} inst/s",
         m.epoch,
-        m.train_cost,
-        m.baseline_cost,
         m.val_cost,
         m.val_gap.map_or(String::new(), |g| format!(" (gap {g:.2}%)")),
         m.loss,

@@ -376,3 +376,97 @@ fn train_eval_solve_check() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("model.bpk"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The pointer network through the same commands: `train --model ptrnet` labels its
+/// instances, trains, and its checkpoint evaluates and solves like the attention model's.
+#[test]
+fn pointer_network_train_eval_solve() {
+    let dir = tmp("ptrnet");
+    let config = dir.join("tiny_ptrnet.toml");
+    std::fs::write(
+        &config,
+        "[problem]\nn = 10\n[model]\nhidden_dim = 16\n\
+[training]\nepochs = 2\nbatch_size = 16\nlr = 1e-3\n\
+[supervised]\nlabels = 32\nheuristic_rounds = 10\n\
+[validation]\nfile = \"data/validation/cvrp10.jsonl\"\n[logging]\nprogress = false\n",
+    )
+    .unwrap();
+    let run = dir.join("run");
+    let out = routeburn()
+        .current_dir(data().parent().unwrap())
+        .args(["train", "--model", "ptrnet", "--config"])
+        .arg(&config)
+        .arg("--run-dir")
+        .arg(&run)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("labelled 32 instances"), "{stderr}");
+    assert!(stderr.contains("gap"), "{stderr}");
+    let labels = routeburn_data::read_jsonl(run.join("labels.jsonl")).unwrap();
+    assert_eq!(labels.len(), 32);
+    let resolved = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(resolved.contains("kind = \"ptrnet\""), "{resolved}");
+
+    for strategy in ["greedy", "sample:2", "multistart+aug8"] {
+        let out = routeburn()
+            .args(["eval", "--strategy", strategy, "--checkpoint"])
+            .arg(&run)
+            .arg("--data")
+            .arg(data().join("validation/cvrp10.jsonl"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{strategy}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let sols = dir.join("sols");
+    let out = routeburn()
+        .args(["solve", "--strategy", "greedy", "--checkpoint"])
+        .arg(&run)
+        .arg("--out-dir")
+        .arg(&sols)
+        .arg(data().join("cvrplib/P/P-n16-k8.vrp"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = routeburn()
+        .arg("check")
+        .arg(data().join("cvrplib/P/P-n16-k8.vrp"))
+        .arg(sols.join("P-n16-k8.sol"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+
+    // An attention-model config pointed at the pointer network's checkpoint: an error that
+    // names the file, not a panic.
+    let ckpt_config = run.join("config.toml");
+    std::fs::write(
+        &ckpt_config,
+        resolved
+            .replace("kind = \"ptrnet\"", "kind = \"gt-rl\"")
+            .replace("batches_per_epoch = 0", "batches_per_epoch = 2"),
+    )
+    .unwrap();
+    let out = routeburn()
+        .args(["eval", "--checkpoint"])
+        .arg(&run)
+        .arg("--data")
+        .arg(data().join("validation/cvrp10.jsonl"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("model.bpk") && stderr.contains("gt-rl"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

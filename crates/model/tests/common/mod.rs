@@ -3,7 +3,9 @@
 
 use burn::tensor::{Device, TensorData};
 use routeburn_data::{Batch, Generator, GeneratorConfig, Instance, InstanceRng};
-use routeburn_model::{AttentionModelConfig, Backend, GraphEncoderConfig, Normalization};
+use routeburn_model::{
+    AttentionModelConfig, Backend, GraphEncoderConfig, Normalization, PointerNetworkConfig,
+};
 
 pub fn device() -> Device {
     Backend::default_compiled().unwrap().device().unwrap()
@@ -20,6 +22,11 @@ pub fn small_config(normalization: Normalization) -> AttentionModelConfig {
             .with_feed_forward_dim(32)
             .with_normalization(normalization),
     )
+}
+
+/// A small pointer network, for the same reason.
+pub fn small_pointer_config() -> PointerNetworkConfig {
+    PointerNetworkConfig::new().with_hidden_dim(16)
 }
 
 pub fn to_i64(data: TensorData) -> Vec<i64> {

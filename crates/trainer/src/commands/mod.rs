@@ -1,6 +1,7 @@
 pub mod check;
 pub mod eval;
 pub mod gen;
+pub mod label;
 pub mod plot;
 pub mod solve;
 pub mod train;

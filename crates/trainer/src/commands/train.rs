@@ -54,12 +54,16 @@ pub fn run(args: TrainArgs) -> Result<ExitCode, CliError> {
         None => {
             let (config, stem, dir) = match &args.config {
                 Some(path) => (
-                    Config::load(path)?,
+                    Config::load_as(path, args.model)?,
                     path.file_stem()
                         .map_or("run".into(), |s| s.to_string_lossy().into_owned()),
                     path.parent().map(Path::to_path_buf),
                 ),
-                None => (Config::embedded_default(), "default".to_string(), None),
+                None => (
+                    Config::embedded_default_as(args.model)?,
+                    "default".to_string(),
+                    None,
+                ),
             };
             let run_dir = match &args.run_dir {
                 Some(d) => d.clone(),
@@ -84,19 +88,17 @@ pub fn run(args: TrainArgs) -> Result<ExitCode, CliError> {
         }
         config.training.epochs = e;
     }
-    if config.model.kind == ModelKind::PtrNet {
-        return Err(CliError::Input(
-            "--model ptrnet: the pointer network's supervised trainer is not built yet (issue 5); use gt-rl".into(),
-        ));
-    }
     if !args.quiet {
+        let batches = match config.model.kind {
+            ModelKind::GtRl => format!("{} batches", config.training.batches_per_epoch),
+            ModelKind::PtrNet => format!("passes over {} labels", config.supervised.labels),
+        };
         eprintln!(
-            "training {} on {} ({} customers, {} epochs x {} batches x {}) in {}",
+            "training {} on {} ({} customers, {} epochs x {batches} x {}) in {}",
             config.model.kind,
             backend,
             config.problem.n,
             config.training.epochs,
-            config.training.batches_per_epoch,
             config.training.batch_size,
             run_dir.display()
         );
