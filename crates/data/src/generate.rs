@@ -48,6 +48,14 @@ impl InstanceRng {
     pub fn next_u64(&mut self) -> u64 {
         self.0.next_u64()
     }
+
+    /// Shuffles `items` in place (Fisher–Yates on this stream).
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            let j = self.int_inclusive(0, i as u32) as usize;
+            items.swap(i, j);
+        }
+    }
 }
 
 /// The capacities of Kool et al. (2019) and rl4co's generator table, by number of customers.

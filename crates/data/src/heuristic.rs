@@ -406,11 +406,7 @@ impl Problem {
         for route in &mut s.routes {
             route.retain(|c| *c == 0 || !removed.contains(c));
         }
-        // Fisher–Yates on the removed customers.
-        for i in (1..removed.len()).rev() {
-            let j = rng.int_inclusive(0, i as u32) as usize;
-            removed.swap(i, j);
-        }
+        rng.shuffle(&mut removed);
         let mut rebuilt = self.make_routes(std::mem::take(&mut s.routes));
         rebuilt.drop_empty();
         for &u in &removed {

@@ -68,12 +68,12 @@ struct Precomputed {
     node_embeddings: Tensor<3>,
     /// `[R, 1, d]` projected graph embedding.
     fixed_context: Tensor<3>,
-    /// `[R, N, H, dk]` glimpse keys.
-    glimpse_keys: Tensor<4>,
-    /// `[R, N, H, dk]` glimpse values.
+    /// `[R, H, dk, N]` glimpse keys, transposed for the matmul.
+    glimpse_keys_t: Tensor<4>,
+    /// `[R, H, N, dk]` glimpse values.
     glimpse_values: Tensor<4>,
-    /// `[R, N, d]` logit keys.
-    logit_keys: Tensor<3>,
+    /// `[R, d, N]` logit keys, transposed.
+    logit_keys_t: Tensor<3>,
 }
 
 impl AttentionModel {
@@ -109,9 +109,11 @@ impl AttentionModel {
         Precomputed {
             node_embeddings,
             fixed_context,
-            glimpse_keys: glimpse_keys.reshape([r, n, heads, dk]),
-            glimpse_values: glimpse_values.reshape([r, n, heads, dk]),
-            logit_keys,
+            glimpse_keys_t: glimpse_keys
+                .reshape([r, n, heads, dk])
+                .permute([0, 2, 3, 1]), // [R, H, dk, N]
+            glimpse_values: glimpse_values.reshape([r, n, heads, dk]).swap_dims(1, 2), // [R, H, N, dk]
+            logit_keys_t: logit_keys.swap_dims(1, 2),                                  // [R, d, N]
         }
     }
 
@@ -133,24 +135,18 @@ impl AttentionModel {
             .forward(Tensor::cat(vec![last_embedding, remaining], 2)); // [R, 1, d]
         let query = pre.fixed_context.clone() + step_context; // [R, 1, d]
 
-        // Each row has a single query, so the attention products are written as a broadcast
-        // product and a sum rather than matmuls: a batched matmul of [R, H, 1, dk] by
-        // [R, H, dk, N] runs R×H tiny GEMMs one after another on the CPU backends (and
-        // copies the transposed keys every step), where this is two vectorised passes over
-        // contiguous memory (node-major, so no transposes at all).
-
         // Glimpse: one query per head attends over the unmasked nodes.
-        let head_mask = mask.clone().reshape([r, n, 1, 1]).expand([r, n, heads, 1]);
-        let q = query.reshape([r, 1, heads, dk]); // [R, 1, H, dk]
-        let compatibility =
-            (q * pre.glimpse_keys.clone()).sum_dim(3) / (dk as f64).sqrt(); // [R, N, H, 1]
-        let attention = softmax(compatibility.mask_fill(head_mask, f32::NEG_INFINITY), 1);
-        let heads_out = (attention * pre.glimpse_values.clone()).sum_dim(1); // [R, 1, H, dk]
-        let glimpse = self.project_out.forward(heads_out.reshape([r, 1, d])); // [R, 1, d]
+        let head_mask = mask.clone().reshape([r, 1, 1, n]).expand([r, heads, 1, n]);
+        let q = query.reshape([r, 1, heads, dk]).swap_dims(1, 2); // [R, H, 1, dk]
+        let compatibility = q.matmul(pre.glimpse_keys_t.clone()) / (dk as f64).sqrt(); // [R, H, 1, N]
+        let attention = softmax(compatibility.mask_fill(head_mask, f32::NEG_INFINITY), 3);
+        let heads_out = attention.matmul(pre.glimpse_values.clone()); // [R, H, 1, dk]
+        let glimpse = self
+            .project_out
+            .forward(heads_out.swap_dims(1, 2).reshape([r, 1, d])); // [R, 1, d]
 
         // Single-head pointer logits, clipped, masked.
-        let logits = (glimpse * pre.logit_keys.clone()).sum_dim(2).reshape([r, n])
-            / (d as f64).sqrt(); // [R, N]
+        let logits = glimpse.matmul(pre.logit_keys_t.clone()).reshape([r, n]) / (d as f64).sqrt(); // [R, N]
         let clipped = logits.tanh() * self.tanh_clipping;
         let scaled = if temperature == 1.0 {
             clipped

@@ -7,6 +7,7 @@
 //! rollout baseline's frozen model (`baseline.bpk`) and everything else needed to continue
 //! exactly (`state.json`: epoch, RNG states, baseline state, the config).
 
+use burn::module::Module;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -50,6 +51,25 @@ pub struct BaselineState {
     /// Rollout baseline: the RNG that draws evaluation-set seeds, and the current set's seed.
     pub rollout_rng: Option<InstanceRng>,
     pub rollout_eval_seed: Option<u64>,
+}
+
+impl BaselineState {
+    /// No baseline state to keep (POMO's shared baseline, or a supervised run).
+    pub fn none() -> Self {
+        Self {
+            exponential_value: None,
+            rollout_rng: None,
+            rollout_eval_seed: None,
+        }
+    }
+}
+
+/// Saves `module`'s tensors to `path` (burnpack); `what` names it in errors.
+pub fn save_module<M: Module>(module: &M, path: &Path, what: &str) -> Result<(), CliError> {
+    module
+        .clone()
+        .save_file(path)
+        .map_err(|e| record_error(path, &format!("{what} (saving)"), e))
 }
 
 /// The checkpoint directory of a run.

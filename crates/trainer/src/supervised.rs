@@ -26,7 +26,7 @@ use routeburn_data::{label_instances, read_jsonl, write_jsonl, Batch, InstanceRn
 use routeburn_model::{pointer_network_loss, DecodeOptions, DeviceBatch, PointerNetwork};
 
 use crate::checkpoint::{
-    record_error, BaselineState, Checkpoints, TrainState, FORMAT_VERSION, MODEL_FILE,
+    record_error, save_module, BaselineState, Checkpoints, TrainState, FORMAT_VERSION, MODEL_FILE,
     OPTIMIZER_FILE,
 };
 use crate::clip::clip_global_norm;
@@ -245,20 +245,12 @@ pub fn train_supervised(opts: TrainOptions) -> Result<TrainSummary, CliError> {
                 epochs_completed: epoch + 1,
                 train_rng: train_rng.clone(),
                 noise_rng: InstanceRng::new(t.seed ^ NOISE_STREAM),
-                baseline: BaselineState {
-                    exponential_value: None,
-                    rollout_rng: None,
-                    rollout_eval_seed: None,
-                },
+                baseline: BaselineState::none(),
                 elapsed_seconds: metrics.elapsed_seconds,
                 config_toml: config.to_toml(),
             };
             checkpoints.save(&state, config.checkpointing.keep_last, |dir| {
-                let p = dir.join(MODEL_FILE);
-                model
-                    .clone()
-                    .save_file(&p)
-                    .map_err(|e| record_error(&p, "model (saving)", e))?;
+                save_module(&model, &dir.join(MODEL_FILE), "model")?;
                 let p = dir.join(OPTIMIZER_FILE);
                 optimizer
                     .save(&p)
@@ -273,13 +265,10 @@ pub fn train_supervised(opts: TrainOptions) -> Result<TrainSummary, CliError> {
     })
 }
 
-/// A permutation of `0..len` (Fisher–Yates on the run's stream).
+/// A permutation of `0..len` drawn from the run's stream.
 fn shuffled(len: usize, rng: &mut InstanceRng) -> Vec<usize> {
     let mut order: Vec<usize> = (0..len).collect();
-    for i in (1..len).rev() {
-        let j = rng.int_inclusive(0, i as u32) as usize;
-        order.swap(i, j);
-    }
+    rng.shuffle(&mut order);
     order
 }
 

@@ -27,8 +27,8 @@ use routeburn_model::{AttentionModel, Backend, DecodeOptions, DeviceBatch, Noise
 
 use crate::baseline::{EvalSetSpec, ExponentialBaseline, RolloutBaseline};
 use crate::checkpoint::{
-    record_error, BaselineState, Checkpoints, TrainState, BASELINE_FILE, FORMAT_VERSION,
-    MODEL_FILE, OPTIMIZER_FILE,
+    record_error, save_module, BaselineState, Checkpoints, TrainState, BASELINE_FILE,
+    FORMAT_VERSION, MODEL_FILE, OPTIMIZER_FILE,
 };
 use crate::clip::clip_global_norm;
 use crate::config::{BaselineKind, Config, ModelKind, Precision, ValidationStrategy};
@@ -559,32 +559,19 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
                         rollout_rng: Some(rollout.rng.clone()),
                         rollout_eval_seed: Some(rollout.eval_seed),
                     },
-                    BaselineRuntime::Pomo => BaselineState {
-                        exponential_value: None,
-                        rollout_rng: None,
-                        rollout_eval_seed: None,
-                    },
+                    BaselineRuntime::Pomo => BaselineState::none(),
                 },
                 elapsed_seconds: metrics.elapsed_seconds,
                 config_toml: config.to_toml(),
             };
             checkpoints.save(&state, config.checkpointing.keep_last, |dir| {
-                let p = dir.join(MODEL_FILE);
-                model
-                    .clone()
-                    .save_file(&p)
-                    .map_err(|e| record_error(&p, "model (saving)", e))?;
+                save_module(&model, &dir.join(MODEL_FILE), "model")?;
                 let p = dir.join(OPTIMIZER_FILE);
                 optimizer
                     .save(&p)
                     .map_err(|e| record_error(&p, "optimizer (saving)", e))?;
                 if let BaselineRuntime::Rollout { rollout, .. } = &baseline {
-                    let p = dir.join(BASELINE_FILE);
-                    rollout
-                        .model
-                        .clone()
-                        .save_file(&p)
-                        .map_err(|e| record_error(&p, "baseline (saving)", e))?;
+                    save_module(&rollout.model, &dir.join(BASELINE_FILE), "baseline")?;
                 }
                 Ok(())
             })?;
