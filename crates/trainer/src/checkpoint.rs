@@ -15,8 +15,9 @@ use std::path::{Path, PathBuf};
 use routeburn_data::InstanceRng;
 use serde::{Deserialize, Serialize};
 
-use crate::config::ModelKind;
+use crate::config::{Config, ModelKind};
 use crate::error::CliError;
+use crate::metrics::EpochMetrics;
 
 pub const FORMAT_VERSION: u32 = 1;
 
@@ -51,6 +52,29 @@ pub struct BaselineState {
     /// Rollout baseline: the RNG that draws evaluation-set seeds, and the current set's seed.
     pub rollout_rng: Option<InstanceRng>,
     pub rollout_eval_seed: Option<u64>,
+}
+
+impl TrainState {
+    /// The state after epoch `epoch` (0-based) of a run of `config`.
+    pub fn after_epoch(
+        config: &Config,
+        epoch: usize,
+        train_rng: &InstanceRng,
+        noise_rng: &InstanceRng,
+        baseline: BaselineState,
+        metrics: &EpochMetrics,
+    ) -> Self {
+        Self {
+            format_version: FORMAT_VERSION,
+            model_kind: config.model.kind,
+            epochs_completed: epoch + 1,
+            train_rng: train_rng.clone(),
+            noise_rng: noise_rng.clone(),
+            baseline,
+            elapsed_seconds: metrics.elapsed_seconds,
+            config_toml: config.to_toml(),
+        }
+    }
 }
 
 impl BaselineState {

@@ -26,16 +26,15 @@ use routeburn_data::{label_instances, read_jsonl, write_jsonl, Batch, InstanceRn
 use routeburn_model::{pointer_network_loss, DecodeOptions, DeviceBatch, PointerNetwork};
 
 use crate::checkpoint::{
-    record_error, save_module, BaselineState, Checkpoints, TrainState, FORMAT_VERSION, MODEL_FILE,
-    OPTIMIZER_FILE,
+    record_error, save_module, BaselineState, Checkpoints, TrainState, MODEL_FILE, OPTIMIZER_FILE,
 };
 use crate::clip::clip_global_norm;
 use crate::config::Config;
 use crate::error::CliError;
 use crate::evaluate::mean;
-use crate::metrics::{append_metrics, EpochMetrics, Phase, PhaseTimes};
+use crate::metrics::{EpochMetrics, Phase, PhaseTimes};
 use crate::training::{
-    announce_resume, check_finite, latest_checkpoint, load_validation, print_summary, progress_bar,
+    announce_resume, check_finite, end_epoch, latest_checkpoint, load_validation, progress_bar,
     resolve, start_run_dir, training_device, TrainOptions, TrainSummary, INIT_LOCK, NOISE_STREAM,
     TRAIN_STREAM,
 };
@@ -233,30 +232,28 @@ pub fn train_supervised(opts: TrainOptions) -> Result<TrainSummary, CliError> {
             elapsed_seconds: elapsed_before + run_start.elapsed().as_secs_f64(),
             phases: times,
         };
-        if opts.verbose && config.logging.summary {
-            print_summary(&metrics, t.epochs, config.model.kind);
-        }
-        append_metrics(&metrics_path, &metrics)?;
-        let is_last = epoch + 1 == t.epochs;
-        if (epoch + 1).is_multiple_of(config.checkpointing.every_epochs) || is_last {
-            let state = TrainState {
-                format_version: FORMAT_VERSION,
-                model_kind: config.model.kind,
-                epochs_completed: epoch + 1,
-                train_rng: train_rng.clone(),
-                noise_rng: InstanceRng::new(t.seed ^ NOISE_STREAM),
-                baseline: BaselineState::none(),
-                elapsed_seconds: metrics.elapsed_seconds,
-                config_toml: config.to_toml(),
-            };
-            checkpoints.save(&state, config.checkpointing.keep_last, |dir| {
+        let state = TrainState::after_epoch(
+            &config,
+            epoch,
+            &train_rng,
+            &InstanceRng::new(t.seed ^ NOISE_STREAM),
+            BaselineState::none(),
+            &metrics,
+        );
+        end_epoch(
+            &opts,
+            &checkpoints,
+            &metrics_path,
+            &metrics,
+            &state,
+            |dir| {
                 save_module(&model, &dir.join(MODEL_FILE), "model")?;
                 let p = dir.join(OPTIMIZER_FILE);
                 optimizer
                     .save(&p)
                     .map_err(|e| record_error(&p, "optimizer (saving)", e))
-            })?;
-        }
+            },
+        )?;
         history.push(metrics);
     }
     Ok(TrainSummary {

@@ -27,8 +27,8 @@ use routeburn_model::{AttentionModel, Backend, DecodeOptions, DeviceBatch, Noise
 
 use crate::baseline::{EvalSetSpec, ExponentialBaseline, RolloutBaseline};
 use crate::checkpoint::{
-    record_error, save_module, BaselineState, Checkpoints, TrainState, BASELINE_FILE,
-    FORMAT_VERSION, MODEL_FILE, OPTIMIZER_FILE,
+    record_error, save_module, BaselineState, Checkpoints, TrainState, BASELINE_FILE, MODEL_FILE,
+    OPTIMIZER_FILE,
 };
 use crate::clip::clip_global_norm;
 use crate::config::{BaselineKind, Config, ModelKind, Precision, ValidationStrategy};
@@ -110,6 +110,33 @@ pub(crate) fn load_validation(
             })
         }
     }
+}
+
+/// The end of an epoch, the same for every trainer: the summary, the metrics row, then (at
+/// the checkpoint cadence and after the last epoch) a checkpoint whose tensors
+/// `write_tensors` writes. Metrics come first: a resume drops rows past its checkpoint.
+pub(crate) fn end_epoch(
+    opts: &TrainOptions,
+    checkpoints: &Checkpoints,
+    metrics_path: &Path,
+    metrics: &EpochMetrics,
+    state: &TrainState,
+    write_tensors: impl FnOnce(&Path) -> Result<(), CliError>,
+) -> Result<(), CliError> {
+    let config = &opts.config;
+    if opts.verbose && config.logging.summary {
+        print_summary(metrics, config.training.epochs, config.model.kind);
+    }
+    append_metrics(metrics_path, metrics)?;
+    let is_last = metrics.epoch == config.training.epochs;
+    if metrics
+        .epoch
+        .is_multiple_of(config.checkpointing.every_epochs)
+        || is_last
+    {
+        checkpoints.save(state, config.checkpointing.keep_last, write_tensors)?;
+    }
+    Ok(())
 }
 
 /// The run's latest checkpoint, checked to be of the config's model.
@@ -535,36 +562,34 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
             elapsed_seconds: elapsed_before + run_start.elapsed().as_secs_f64(),
             phases: times,
         };
-        if opts.verbose && config.logging.summary {
-            print_summary(&metrics, t.epochs, config.model.kind);
-        }
-        // Metrics first, then the checkpoint: a resume drops rows past the checkpoint.
-        append_metrics(&metrics_path, &metrics)?;
-        let is_last = epoch + 1 == t.epochs;
-        if (epoch + 1).is_multiple_of(config.checkpointing.every_epochs) || is_last {
-            let state = TrainState {
-                format_version: FORMAT_VERSION,
-                model_kind: config.model.kind,
-                epochs_completed: epoch + 1,
-                train_rng: train_rng.clone(),
-                noise_rng: noise_rng.clone(),
-                baseline: match &baseline {
-                    BaselineRuntime::Exponential(e) => BaselineState {
-                        exponential_value: e.value,
-                        rollout_rng: None,
-                        rollout_eval_seed: None,
-                    },
-                    BaselineRuntime::Rollout { rollout, warmup } => BaselineState {
-                        exponential_value: warmup.value,
-                        rollout_rng: Some(rollout.rng.clone()),
-                        rollout_eval_seed: Some(rollout.eval_seed),
-                    },
-                    BaselineRuntime::Pomo => BaselineState::none(),
-                },
-                elapsed_seconds: metrics.elapsed_seconds,
-                config_toml: config.to_toml(),
-            };
-            checkpoints.save(&state, config.checkpointing.keep_last, |dir| {
+        let baseline_state = match &baseline {
+            BaselineRuntime::Exponential(e) => BaselineState {
+                exponential_value: e.value,
+                rollout_rng: None,
+                rollout_eval_seed: None,
+            },
+            BaselineRuntime::Rollout { rollout, warmup } => BaselineState {
+                exponential_value: warmup.value,
+                rollout_rng: Some(rollout.rng.clone()),
+                rollout_eval_seed: Some(rollout.eval_seed),
+            },
+            BaselineRuntime::Pomo => BaselineState::none(),
+        };
+        let state = TrainState::after_epoch(
+            &config,
+            epoch,
+            &train_rng,
+            &noise_rng,
+            baseline_state,
+            &metrics,
+        );
+        end_epoch(
+            &opts,
+            &checkpoints,
+            &metrics_path,
+            &metrics,
+            &state,
+            |dir| {
                 save_module(&model, &dir.join(MODEL_FILE), "model")?;
                 let p = dir.join(OPTIMIZER_FILE);
                 optimizer
@@ -574,8 +599,8 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
                     save_module(&rollout.model, &dir.join(BASELINE_FILE), "baseline")?;
                 }
                 Ok(())
-            })?;
-        }
+            },
+        )?;
         history.push(metrics);
     }
     Ok(TrainSummary {
