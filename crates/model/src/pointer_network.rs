@@ -212,7 +212,8 @@ impl PointerNetwork {
             let input = decoder_input(&encoded.static_features, &state, input_node);
             let (log_p, next) = self.step_log_probs(&encoded, input, &state, states.take(), 1.0);
             states = Some(next);
-            previous_choice = Some(log_p.clone().argmax(1));
+            // Only a step fed the network's own choice needs it: no argmax otherwise.
+            previous_choice = (teacher.get(t + 1) == Some(&false)).then(|| log_p.clone().argmax(1));
             let [_, n] = log_p.dims();
             all_log_p.push(log_p.reshape([b, 1, n]));
             state.step(targets.clone().slice_dim(1, t..t + 1));
