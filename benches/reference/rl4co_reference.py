@@ -5,6 +5,10 @@ Run on a quiet machine, e.g.:
   venv/bin/python benches/reference/rl4co_reference.py forward --threads 2
   venv/bin/python benches/reference/rl4co_reference.py train --n 10 --batch 128 --batches 25 --epochs 3 --threads 2
   venv/bin/python benches/reference/rl4co_reference.py train ... --precision 16-mixed
+  # routeburn's configs/cvrp20_cpu.toml, 30 minutes, then the greedy gap on cvrp20.jsonl:
+  venv/bin/python benches/reference/rl4co_reference.py train --n 20 --batch 128 --batches 50 \
+      --epochs 20 --lr 5e-4 --lr-decay 0.98 --val-size 1000 --max-minutes 30 \
+      --eval data/validation/cvrp20.jsonl
 
 `forward`: encode + full greedy decode of batch 512 at n = 20, 50, 100 (instances/s),
 the figure routeburn's `model` bench measures.
@@ -37,26 +41,61 @@ def forward(args):
         print(f"rl4co forward n={n} batch=512: {best:.3f} s, {512 / best:.0f} instances/s")
 
 
+def patch_rollout_baseline():
+    """With the packages pip resolves for rl4co 0.7.0 today (torch 2.15, tensordict 0.14),
+    the policy's decode leaves the reset state finished, and REINFORCE then hands that state
+    to the rollout baseline, which fails from epoch 2 ("No logprobs were collected because
+    all environments were done"). Decode a copy instead: the same computation plus one
+    small clone per batch."""
+    from rl4co.models.rl.reinforce.reinforce import REINFORCE
+
+    def shared_step(self, batch, batch_idx, phase, dataloader_idx=None):
+        td = self.env.reset(batch)
+        out = self.policy(td.clone(), self.env, phase=phase, select_best=phase != "train")
+        if phase == "train":
+            out = self.calculate_loss(td, batch, out)
+        metrics = self.log_metrics(out, phase, dataloader_idx=dataloader_idx)
+        return {"loss": out.get("loss", None), **metrics}
+
+    REINFORCE.shared_step = shared_step
+
+
 def train(args):
     import lightning as L
     from rl4co.envs import CVRPEnv
     from rl4co.models import AttentionModel
 
+    patch_rollout_baseline()
+
     class EpochTimer(L.Callback):
+        """Prints each epoch's training time, and its whole time (training, validation and
+        the rollout baseline's end-of-epoch test: start to next start), the figure that
+        routeburn's metrics.csv `seconds` column gives."""
+
+        def __init__(self):
+            self.previous = None
+
         def on_train_epoch_start(self, trainer, module):
-            self.start = time.perf_counter()
+            now = time.perf_counter()
+            if self.previous is not None:
+                print(f"rl4co epoch {trainer.current_epoch}: {now - self.previous:.2f} s in all")
+            self.previous = self.start = now
 
         def on_train_epoch_end(self, trainer, module):
-            print(f"rl4co epoch {trainer.current_epoch + 1}: {time.perf_counter() - self.start:.2f} s")
+            print(f"rl4co epoch {trainer.current_epoch + 1}: {time.perf_counter() - self.start:.2f} s training")
 
     env = CVRPEnv(generator_params={"num_loc": args.n})
+    scheduler = {}
+    if args.lr_decay != 1.0:
+        scheduler = dict(lr_scheduler="ExponentialLR", lr_scheduler_kwargs={"gamma": args.lr_decay})
     model = AttentionModel(
         env,
         baseline="rollout",
         batch_size=args.batch,
         train_data_size=args.batch * args.batches,
         val_data_size=args.val_size,
-        optimizer_kwargs={"lr": 1e-4},
+        optimizer_kwargs={"lr": args.lr},
+        **scheduler,
     )
     trainer = L.Trainer(
         max_epochs=args.epochs,
@@ -68,8 +107,41 @@ def train(args):
         enable_progress_bar=False,
         callbacks=[EpochTimer()],
         gradient_clip_val=1.0,
+        max_time=None if args.max_minutes is None else {"minutes": args.max_minutes},
     )
+    start = time.perf_counter()
     trainer.fit(model)
+    print(f"rl4co trained {trainer.current_epoch} epochs in {time.perf_counter() - start:.0f} s")
+    if args.eval:
+        evaluate(model.policy.eval(), env, args.eval)
+
+
+def evaluate(policy, env, path):
+    """Greedy decode of a routeburn JSONL dataset; the mean gap to its reference costs,
+    computed as routeburn does: mean(cost / reference - 1)."""
+    import json
+
+    from tensordict.tensordict import TensorDict
+
+    records = [json.loads(line) for line in open(path) if line.strip()]
+    b = len(records)
+    td = TensorDict(
+        {
+            "locs": torch.tensor([r["customers"] for r in records], dtype=torch.float32),
+            "depot": torch.tensor([r["depot"] for r in records], dtype=torch.float32),
+            "demand": torch.tensor(
+                [[d / r["capacity"] for d in r["demands"]] for r in records], dtype=torch.float32
+            ),
+            "capacity": torch.tensor([[float(r["capacity"])] for r in records]),
+        },
+        batch_size=[b],
+    )
+    with torch.inference_mode():
+        out = policy(env.reset(td), env, phase="test", decode_type="greedy")
+    costs = (-out["reward"]).tolist()
+    refs = [r["reference_cost"] for r in records]
+    gap = 100.0 * sum(c / r - 1.0 for c, r in zip(costs, refs)) / b
+    print(f"rl4co greedy on {path}: mean cost {sum(costs) / b:.4f}, gap {gap:.2f}%")
 
 
 def main():
@@ -83,6 +155,10 @@ def main():
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--val-size", type=int, default=128)
     p.add_argument("--precision", default="32")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--lr-decay", type=float, default=1.0)
+    p.add_argument("--max-minutes", type=float, default=None)
+    p.add_argument("--eval", default=None, help="a routeburn JSONL dataset with reference costs")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(1234)

@@ -2,7 +2,10 @@
 //!
 //! - `cargo xtask test`: the test suite (`cargo test --workspace`).
 //! - `cargo xtask ci`: what `.ci/run` runs (fmt, clippy, tests, CUDA type-check).
-//! - `cargo xtask bench [criterion args]`: every bench, on every compiled CPU backend.
+//! - `cargo xtask bench [criterion args]`: every bench, on every CPU backend, then one
+//!   table of the results.
+//! - `cargo xtask compare-backends [--config FILE] [--steps K]`: builds routeburn with
+//!   every CPU backend (and CUDA with `--backend cuda`) and compares them.
 //! - `cargo xtask [--backend ndarray|flex|cuda] <routeburn subcommand> ...`: builds
 //!   `routeburn` in release mode with that backend's feature and runs it, e.g.
 //!   `cargo xtask train --config configs/tiny_1.toml`. With no arguments after `train`, it
@@ -48,7 +51,8 @@ const USAGE: &str = "usage: cargo xtask [--backend ndarray|flex|cuda] <task> [ar
 tasks:
   test                 run the test suite (cargo test --workspace)
   ci                   run what CI runs: fmt, clippy, tests, CUDA type-check
-  bench [args]         run every criterion bench on every CPU backend
+  bench [args]         run every criterion bench on every CPU backend, print one table
+  compare-backends     same seed, config and weights on every backend: time, memory, agreement
   <routeburn command>  build routeburn in release mode and run it: train, gen, check, ...";
 
 /// Removes `--backend X` / `--backend=X` from `args` and returns X, checked.
@@ -110,7 +114,14 @@ fn routeburn(backend: Option<&str>, args: &[String]) -> bool {
         "--bin",
         "routeburn",
     ]);
-    if let Some(b) = backend {
+    if args[0] == "compare-backends" {
+        // Every CPU backend, plus CUDA when asked for with --backend cuda.
+        let features = match backend {
+            Some("cuda") => "ndarray,flex,cuda",
+            _ => "ndarray,flex",
+        };
+        cmd.args(["--no-default-features", "--features", features]);
+    } else if let Some(b) = backend {
         cmd.args(["--no-default-features", "--features", b]);
     }
     cmd.arg("--").args(args);
@@ -123,7 +134,7 @@ fn routeburn(backend: Option<&str>, args: &[String]) -> bool {
 }
 
 fn takes_backend_flag(subcommand: &str) -> bool {
-    matches!(subcommand, "train" | "eval" | "solve" | "compare-backends")
+    matches!(subcommand, "train" | "eval" | "solve")
 }
 
 fn ci() -> bool {
@@ -131,19 +142,95 @@ fn ci() -> bool {
 }
 
 fn bench(rest: &[String]) -> bool {
-    let mut ok = true;
-    for features in ["ndarray", "flex"] {
-        ok &= run(Command::new(env!("CARGO"))
-            .args([
-                "bench",
-                "--package",
-                "routeburn-benches",
-                "--no-default-features",
-                "--features",
-                features,
-            ])
-            .arg("--")
-            .args(rest));
-    }
+    let started = std::time::SystemTime::now();
+    // One build with both CPU backends (the same features as `compare-backends`, so the
+    // release artifacts are shared); the model benches loop over the compiled backends.
+    let ok = run(Command::new(env!("CARGO"))
+        .args([
+            "bench",
+            "--package",
+            "routeburn-benches",
+            "--no-default-features",
+            "--features",
+            "ndarray,flex",
+        ])
+        .arg("--")
+        .args(rest));
+    print_bench_table(std::path::Path::new("target/criterion"), started);
     ok
+}
+
+/// One table of every criterion result written since `since`: mean time, and
+/// throughput where the bench declares its element count.
+fn print_bench_table(root: &std::path::Path, since: std::time::SystemTime) {
+    let mut rows = Vec::new();
+    collect_results(root, since, &mut rows);
+    if rows.is_empty() {
+        eprintln!("xtask: no criterion results under {}", root.display());
+        return;
+    }
+    rows.sort_by(|a, b| a.0.cmp(&b.0));
+    println!("\n| bench | mean | throughput |");
+    println!("|---|---|---|");
+    for (name, mean_ns, elements) in rows {
+        let throughput = elements.map_or(String::new(), |e| {
+            format!("{:.0} elem/s", e as f64 / (mean_ns * 1e-9))
+        });
+        println!("| {name} | {} | {throughput} |", human_time(mean_ns));
+    }
+}
+
+fn collect_results(
+    dir: &std::path::Path,
+    since: std::time::SystemTime,
+    rows: &mut Vec<(String, f64, Option<u64>)>,
+) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if !path.is_dir() {
+            continue;
+        }
+        if path.file_name().is_some_and(|n| n == "new") {
+            if let Some(row) = read_result(&path, since) {
+                rows.push(row);
+            }
+        } else {
+            collect_results(&path, since, rows);
+        }
+    }
+}
+
+fn read_result(
+    dir: &std::path::Path,
+    since: std::time::SystemTime,
+) -> Option<(String, f64, Option<u64>)> {
+    let estimates = dir.join("estimates.json");
+    let modified = std::fs::metadata(&estimates).ok()?.modified().ok()?;
+    if modified < since {
+        return None;
+    }
+    let read = |p: std::path::PathBuf| -> Option<serde_json::Value> {
+        serde_json::from_str(&std::fs::read_to_string(p).ok()?).ok()
+    };
+    let est = read(estimates)?;
+    let bench = read(dir.join("benchmark.json"))?;
+    let mean = est["mean"]["point_estimate"].as_f64()?;
+    let name = bench["full_id"].as_str()?.to_string();
+    let elements = bench["throughput"]["Elements"].as_u64();
+    Some((name, mean, elements))
+}
+
+fn human_time(ns: f64) -> String {
+    if ns >= 1e9 {
+        format!("{:.3} s", ns * 1e-9)
+    } else if ns >= 1e6 {
+        format!("{:.3} ms", ns * 1e-6)
+    } else if ns >= 1e3 {
+        format!("{:.3} µs", ns * 1e-3)
+    } else {
+        format!("{ns:.0} ns")
+    }
 }

@@ -63,7 +63,8 @@ pub struct AttentionModel {
 }
 
 /// Everything the decoder reuses at every step, computed once per batch.
-struct Precomputed {
+#[derive(Debug, Clone)]
+pub struct Precomputed {
     /// `[R, N, d]` node embeddings.
     node_embeddings: Tensor<3>,
     /// `[R, 1, d]` projected graph embedding.
@@ -84,9 +85,7 @@ impl AttentionModel {
     /// - output `actions`: `[R, T]`, `log_likelihood`: `[R]`, R = B × rows per instance
     pub fn decode(&self, problem: &DeviceBatch, options: &DecodeOptions) -> DecodeOutput {
         let n = problem.num_nodes() - 1;
-        let node_embeddings = self
-            .encoder
-            .forward(problem.coords.clone(), problem.demand_fraction()); // [B, N, d]
+        let node_embeddings = self.encode(problem); // [B, N, d]
         let pre = self.precompute(repeat_rows(node_embeddings, options.rows_per_instance(n)));
         let temperature = options.temperature();
         rollout(problem, options, |state| {
@@ -94,7 +93,18 @@ impl AttentionModel {
         })
     }
 
-    fn precompute(&self, node_embeddings: Tensor<3>) -> Precomputed {
+    /// The encoder alone: node embeddings of the batch.
+    ///
+    /// # Shapes
+    /// - output: `[B, N, d]`
+    pub fn encode(&self, problem: &DeviceBatch) -> Tensor<3> {
+        self.encoder
+            .forward(problem.coords.clone(), problem.demand_fraction())
+    }
+
+    /// The decoder's per-batch work, done once before the first step (one row per
+    /// rollout: repeat the embeddings for multi-start).
+    pub fn precompute(&self, node_embeddings: Tensor<3>) -> Precomputed {
         let [r, n, d] = node_embeddings.dims();
         let heads = self.num_heads;
         let dk = d / heads;
@@ -121,7 +131,12 @@ impl AttentionModel {
     ///
     /// # Shapes
     /// - output: `[R, N]`, −∞ at masked nodes
-    fn step_log_probs(&self, pre: &Precomputed, state: &CvrpState, temperature: f64) -> Tensor<2> {
+    pub fn step_log_probs(
+        &self,
+        pre: &Precomputed,
+        state: &CvrpState,
+        temperature: f64,
+    ) -> Tensor<2> {
         let [r, n, d] = pre.node_embeddings.dims();
         let heads = self.num_heads;
         let dk = d / heads;

@@ -14,7 +14,7 @@ pub mod problem;
 pub mod routing_model;
 pub mod state;
 
-pub use attention_model::{AttentionModel, AttentionModelConfig};
+pub use attention_model::{AttentionModel, AttentionModelConfig, Precomputed};
 pub use backend::{Backend, BackendError};
 pub use decode::{DecodeOptions, DecodeOutput, Policy, Selection};
 pub use encoder::{GraphEncoder, GraphEncoderConfig, Normalization};

@@ -33,6 +33,11 @@ pub enum Command {
     Solve(commands::solve::SolveArgs),
     /// Draw a run's training curves (SVG) from its metrics.csv.
     Plot(commands::plot::PlotArgs),
+    /// Run the same training steps (seed, config, initial weights) on every compiled
+    /// backend: time per step and phase, instances/s, peak memory, numerical agreement.
+    ///
+    /// Exit status 1 when a backend disagrees with the first beyond the tolerance.
+    CompareBackends(commands::compare::CompareArgs),
 }
 
 pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
@@ -44,5 +49,6 @@ pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Eval(args) => commands::eval::run(args),
         Command::Solve(args) => commands::solve::run(args),
         Command::Plot(args) => commands::plot::run(args),
+        Command::CompareBackends(args) => commands::compare::run(args),
     }
 }

@@ -55,6 +55,9 @@ pub struct TrainOptions {
     pub verbose: bool,
     /// Base directory for relative dataset paths in the config (the config's directory).
     pub config_dir: Option<PathBuf>,
+    /// Start a fresh attention-model run from these weights (a burnpack file) instead of
+    /// the seeded initialisation: `compare-backends` gives every backend the same start.
+    pub init_weights: Option<PathBuf>,
 }
 
 /// What a finished run reports.
@@ -344,6 +347,11 @@ pub fn train(opts: TrainOptions) -> Result<TrainSummary, CliError> {
         };
         announce_resume(&opts, &metrics_path, start_epoch)?;
     } else {
+        if let Some(path) = &opts.init_weights {
+            model = model
+                .try_load_file(path)
+                .map_err(|e| record_error(path, "initial weights", e))?;
+        }
         start_run_dir(&opts.run_dir, &config, &metrics_path)?;
         baseline = match t.baseline {
             BaselineKind::Exponential => {

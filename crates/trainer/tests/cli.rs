@@ -470,3 +470,68 @@ fn pointer_network_train_eval_solve() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `compare-backends` with the default backend twice: the same seed, weights and inputs
+/// on the same backend must agree exactly, step by step; bad flags are clear errors.
+#[test]
+fn compare_backends_same_backend_agrees_exactly() {
+    let dir = tmp("compare");
+    let config = dir.join("tiny.toml");
+    std::fs::write(
+        &config,
+        "[problem]\nn = 8\n[model]\nembed_dim = 16\nnum_heads = 2\nnum_layers = 1\nfeed_forward_dim = 32\n\
+[training]\nepochs = 1\nbatch_size = 16\nbatches_per_epoch = 2\nlr = 1e-3\n\
+[validation]\nsize = 16\n",
+    )
+    .unwrap();
+    let default = routeburn_model::Backend::default_compiled().unwrap().name();
+    let out = routeburn()
+        .args([
+            "compare-backends",
+            "--steps",
+            "3",
+            "--agreement-instances",
+            "32",
+        ])
+        .arg("--backends")
+        .arg(format!("{default},{default}"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with(&format!("| {default} |")))
+        .collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    assert!(rows[1].contains("| 0.00e0 | 0 |"), "{}", rows[1]);
+    // The loss curves: three steps, both columns identical.
+    let steps: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("| 1 |") || l.starts_with("| 2 |") || l.starts_with("| 3 |"))
+        .collect();
+    assert_eq!(steps.len(), 3, "{stdout}");
+    for line in steps {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        assert_eq!(cells[2], cells[3], "{line}");
+    }
+
+    let out = routeburn()
+        .args(["compare-backends", "--steps", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--steps must be at least 1"));
+    let out = routeburn()
+        .args(["compare-backends", "--backends", "tpu"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown backend `tpu`"));
+}

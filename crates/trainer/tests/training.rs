@@ -61,6 +61,7 @@ fn options(config: Config, run_dir: &Path, resume: bool, stop: Option<usize>) ->
         stop_after_epochs: stop,
         verbose: false,
         config_dir: None,
+        init_weights: None,
     }
 }
 

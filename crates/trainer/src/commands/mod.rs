@@ -1,4 +1,5 @@
 pub mod check;
+pub mod compare;
 pub mod eval;
 pub mod gen;
 pub mod label;

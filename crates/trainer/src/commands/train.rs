@@ -111,6 +111,7 @@ pub fn run(args: TrainArgs) -> Result<ExitCode, CliError> {
         stop_after_epochs: None,
         verbose: !args.quiet,
         config_dir,
+        init_weights: None,
     })?;
     if !args.quiet {
         if let (Some(first), Some(last)) = (summary.epochs.first(), summary.epochs.last()) {

@@ -1,0 +1,383 @@
+//! `routeburn compare-backends`: the same seed, config and initial weights on every
+//! backend compiled into the binary, side by side.
+//!
+//! For each backend it runs K real training steps through [`train`] (the config's epochs
+//! become K epochs of one batch each, so every step's loss is recorded), then reports
+//! seconds per step and per phase, instances per second, the process's peak resident
+//! memory during that backend's run, and numerical agreement with the first backend:
+//! the largest absolute difference in the summed log-likelihood of a greedy decode of the
+//! same instances with the same weights. Instances, sampling noise and the initial weights
+//! come from the host, so the backends see identical inputs; a backend whose
+//! log-likelihoods differ beyond `--tolerance` fails the comparison (exit status 1).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use burn::module::Module;
+use burn::tensor::Transaction;
+use clap::Args;
+use routeburn_data::InstanceRng;
+use routeburn_model::{Backend, DecodeOptions, DeviceBatch};
+
+use crate::checkpoint::{record_error, save_module};
+use crate::config::{BaselineKind, Config, ModelKind};
+use crate::error::CliError;
+use crate::evaluate::int_data_to_i64;
+use crate::metrics::{EpochMetrics, Phase};
+use crate::training::{train, training_device, TrainOptions, INIT_LOCK};
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// Training config (TOML); default: the embedded default config. Only the attention
+    /// model (gt-rl) is compared.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Training steps per backend.
+    #[arg(long, default_value_t = 5)]
+    pub steps: usize,
+    /// Backends to compare, comma-separated (default: every compiled one). The first is
+    /// the reference for agreement.
+    #[arg(long, value_delimiter = ',')]
+    pub backends: Vec<String>,
+    /// Largest allowed difference in a decode's summed log-likelihood between backends.
+    #[arg(long, default_value_t = 1e-3)]
+    pub tolerance: f64,
+    /// Instances in the agreement check (a greedy decode of each).
+    #[arg(long, default_value_t = 256)]
+    pub agreement_instances: usize,
+    /// Where to keep the runs (default: a new folder under the system's temp directory,
+    /// removed afterwards).
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+}
+
+/// What one backend did.
+struct BackendReport {
+    backend: Backend,
+    steps: Vec<EpochMetrics>,
+    peak_rss_bytes: Option<u64>,
+    log_likelihoods: Vec<f32>,
+    actions: Vec<i64>,
+}
+
+pub fn run(args: CompareArgs) -> Result<ExitCode, CliError> {
+    if args.steps == 0 {
+        return Err(CliError::Input("--steps must be at least 1".into()));
+    }
+    let backends = if args.backends.is_empty() {
+        // Fastest-first order is for the default; a comparison reads better CPU-first.
+        let mut b = Backend::compiled();
+        b.sort_by_key(|b| Backend::ALL.iter().position(|a| a == b));
+        b
+    } else {
+        args.backends
+            .iter()
+            .map(|name| Backend::resolve(Some(name)).map_err(CliError::from))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    let (config, config_dir) = match &args.config {
+        Some(path) => (
+            Config::load_as(path, Some(ModelKind::GtRl))?,
+            path.parent().map(Path::to_path_buf),
+        ),
+        None => (Config::embedded_default_as(Some(ModelKind::GtRl))?, None),
+    };
+    let config = per_step_config(config, args.steps);
+
+    let (work_dir, remove_after) = match &args.work_dir {
+        Some(d) => (d.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!("routeburn-compare-{}", std::process::id())),
+            true,
+        ),
+    };
+    std::fs::create_dir_all(&work_dir).map_err(|e| CliError::io(&work_dir, e))?;
+    let result = compare(&args, &backends, &config, config_dir, &work_dir);
+    if remove_after {
+        let _ = std::fs::remove_dir_all(&work_dir);
+    }
+    let reports = result?;
+    let (table, agree) = render(&reports, &config, args.tolerance);
+    print!("{table}");
+    Ok(if agree {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// The config as K epochs of one batch: each step's loss and cost become a metrics row.
+/// The rollout baseline's end-of-epoch t-test then runs after every step, so its set is
+/// cut to one batch; the learning rate is held constant.
+fn per_step_config(mut config: Config, steps: usize) -> Config {
+    let t = &mut config.training;
+    t.epochs = steps;
+    t.batches_per_epoch = 1;
+    t.lr_decay = 1.0;
+    if t.baseline == BaselineKind::Rollout {
+        t.baseline_eval_size = t.baseline_eval_size.min(t.batch_size);
+    }
+    config.logging.progress = false;
+    config.logging.summary = false;
+    config.checkpointing.every_epochs = steps;
+    config.checkpointing.keep_last = 1;
+    config
+}
+
+fn compare(
+    args: &CompareArgs,
+    backends: &[Backend],
+    config: &Config,
+    config_dir: Option<PathBuf>,
+    work_dir: &Path,
+) -> Result<Vec<BackendReport>, CliError> {
+    let reference = backends[0];
+    let init_path = work_dir.join("initial.bpk");
+    {
+        let device = training_device(reference, config.training.precision)?;
+        let _guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        device.seed(config.training.seed);
+        let model = config.model.attention_model().init(&device);
+        save_module(&model, &init_path, "initial weights")?;
+    }
+    let generator = config.generator().map_err(CliError::Input)?;
+    let agreement_batch = generator.sample_batch(
+        &mut InstanceRng::new(config.validation.seed ^ 0x6167_7265),
+        args.agreement_instances.max(1),
+    );
+
+    let mut reports = Vec::new();
+    for &backend in backends {
+        eprintln!(
+            "compare-backends: {backend}: {} training steps of batch {}",
+            config.training.epochs, config.training.batch_size
+        );
+        let device = training_device(backend, config.training.precision)?;
+        let model = {
+            let _guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+            config.model.attention_model().init(&device)
+        }
+        .try_load_file(&init_path)
+        .map_err(|e| record_error(&init_path, "initial weights", e))?;
+        let problem = DeviceBatch::upload(&agreement_batch, None, &device);
+        let out = model.decode(&problem, &DecodeOptions::greedy());
+        let mut data = Transaction::default()
+            .register(out.actions)
+            .register(out.log_likelihood)
+            .execute()
+            .into_iter();
+        let actions = int_data_to_i64(data.next().expect("actions"));
+        let log_likelihoods: Vec<f32> = data
+            .next()
+            .expect("log-likelihoods")
+            .try_into_vec_as::<f32>()
+            .map_err(|e| CliError::Failed(format!("{backend}: log-likelihoods: {e:?}")))?;
+
+        reset_peak_rss();
+        let run_dir = work_dir.join(backend.name());
+        let _ = std::fs::remove_dir_all(&run_dir);
+        let summary = train(TrainOptions {
+            config: config.clone(),
+            run_dir,
+            backend,
+            resume: false,
+            stop_after_epochs: None,
+            verbose: false,
+            config_dir: config_dir.clone(),
+            init_weights: Some(init_path.clone()),
+        })?;
+        reports.push(BackendReport {
+            backend,
+            steps: summary.epochs,
+            peak_rss_bytes: peak_rss(),
+            log_likelihoods,
+            actions,
+        });
+    }
+    Ok(reports)
+}
+
+/// The phases of a training step (validation and the baseline's t-test are not).
+const STEP_PHASES: [Phase; 7] = [
+    Phase::Generate,
+    Phase::Upload,
+    Phase::Forward,
+    Phase::Baseline,
+    Phase::DownloadCost,
+    Phase::Backward,
+    Phase::Optimizer,
+];
+
+/// Agreement of one backend with the reference: the largest |Δ log-likelihood| over the
+/// instances whose greedy tours agree, and how many tours differ.
+fn agreement(reference: &BackendReport, other: &BackendReport) -> (f64, usize) {
+    let rows = reference.log_likelihoods.len();
+    let steps_ref = reference.actions.len() / rows;
+    let steps_other = other.actions.len() / rows;
+    let tour = |a: &[i64], steps: usize, i: usize| -> Vec<i64> {
+        let mut t = a[i * steps..(i + 1) * steps].to_vec();
+        while t.last() == Some(&0) {
+            t.pop();
+        }
+        t
+    };
+    let mut max_diff = 0.0f64;
+    let mut differing = 0;
+    for i in 0..rows {
+        if tour(&reference.actions, steps_ref, i) != tour(&other.actions, steps_other, i) {
+            differing += 1;
+            continue;
+        }
+        let d = (reference.log_likelihoods[i] as f64 - other.log_likelihoods[i] as f64).abs();
+        // NaN must fail, not vanish in a max.
+        max_diff = if d.is_nan() {
+            f64::INFINITY
+        } else {
+            max_diff.max(d)
+        };
+    }
+    (max_diff, differing)
+}
+
+fn render(reports: &[BackendReport], config: &Config, tolerance: f64) -> (String, bool) {
+    let t = &config.training;
+    let color = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let (red, green, reset) = if color {
+        ("\x1b[31m", "\x1b[32m", "\x1b[0m")
+    } else {
+        ("", "", "")
+    };
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\nn = {}, batch {}, {} steps, baseline {}, seed {}; first step excluded from the timing (warm-up)\n",
+        config.problem.n, t.batch_size, t.epochs, format!("{:?}", t.baseline).to_lowercase(), t.seed
+    );
+    let _ = write!(s, "| backend | s/step | inst/s |");
+    for p in STEP_PHASES {
+        let _ = write!(s, " {} |", p.name());
+    }
+    let _ = writeln!(s, " peak RSS | max abs Δll | tours differing | agreement |");
+    let _ = write!(s, "|---|---|---|");
+    for _ in STEP_PHASES {
+        let _ = write!(s, "---|");
+    }
+    let _ = writeln!(s, "---|---|---|---|");
+    let mut all_agree = true;
+    let reference = &reports[0];
+    for r in reports {
+        // Step 1 pays one-time costs (allocator warm-up, lazy kernels): leave it out when
+        // there is more than one.
+        let timed: &[EpochMetrics] = if r.steps.len() > 1 {
+            &r.steps[1..]
+        } else {
+            &r.steps
+        };
+        let k = timed.len() as f64;
+        let phase = |p: Phase| timed.iter().map(|m| m.phases.seconds(p)).sum::<f64>() / k;
+        let per_step: f64 = STEP_PHASES.iter().map(|&p| phase(p)).sum();
+        let _ = write!(
+            s,
+            "| {} | {:.3} | {:.0} |",
+            r.backend,
+            per_step,
+            t.batch_size as f64 / per_step
+        );
+        for p in STEP_PHASES {
+            let _ = write!(s, " {:.3} |", phase(p));
+        }
+        let rss = r
+            .peak_rss_bytes
+            .map_or("n/a".into(), |b| format!("{:.0} MiB", b as f64 / 1048576.0));
+        let (verdict, diff, differing) = if std::ptr::eq(r, reference) {
+            ("reference".to_string(), "-".to_string(), "-".to_string())
+        } else {
+            let (d, n) = agreement(reference, r);
+            // A few greedy ties may break differently in float arithmetic; more than 1% of
+            // differing tours is a disagreement, like a log-likelihood gap.
+            let ok = d <= tolerance && n * 100 <= r.log_likelihoods.len();
+            all_agree &= ok;
+            let v = if ok {
+                format!("{green}ok{reset}")
+            } else {
+                format!("{red}FAIL (tolerance {tolerance:e}){reset}")
+            };
+            (v, format!("{d:.2e}"), n.to_string())
+        };
+        let _ = writeln!(s, " {rss} | {diff} | {differing} | {verdict} |");
+    }
+
+    let _ = writeln!(s, "\nloss (train cost) per step:\n");
+    let _ = write!(s, "| step |");
+    for r in reports {
+        let _ = write!(s, " {} |", r.backend);
+    }
+    let _ = writeln!(s);
+    let _ = writeln!(s, "|---|{}", "---|".repeat(reports.len()));
+    for i in 0..t.epochs {
+        let _ = write!(s, "| {} |", i + 1);
+        for r in reports {
+            match r.steps.get(i) {
+                Some(m) => {
+                    let _ = write!(s, " {:.5} ({:.4}) |", m.loss, m.train_cost);
+                }
+                None => {
+                    let _ = write!(s, " - |");
+                }
+            }
+        }
+        let _ = writeln!(s);
+    }
+    if !all_agree {
+        let _ = writeln!(
+            s,
+            "\n{red}backends disagree beyond float tolerance: see the agreement column{reset}"
+        );
+    }
+    (s, all_agree)
+}
+
+/// Linux: resets the process's peak RSS ("5" to clear_refs), so the next reading covers
+/// only what follows. Elsewhere a no-op, and the peak is then the process's.
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// The process's peak resident set size (VmHWM), where the OS reports it.
+fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(backend: Backend, ll: Vec<f32>, actions: Vec<i64>) -> BackendReport {
+        BackendReport {
+            backend,
+            steps: Vec::new(),
+            peak_rss_bytes: None,
+            log_likelihoods: ll,
+            actions,
+        }
+    }
+
+    #[test]
+    fn agreement_compares_log_likelihoods_of_equal_tours_only() {
+        // Two instances of two steps each; the second tour differs, so only the first
+        // instance's log-likelihoods count.
+        let a = report(Backend::Ndarray, vec![-1.0, -2.0], vec![1, 0, 1, 0]);
+        let b = report(Backend::Flex, vec![-1.25, -9.0], vec![1, 0, 0, 1]);
+        assert_eq!(agreement(&a, &b), (0.25, 1));
+        // Padding with more trailing depot steps is the same tour.
+        let c = report(Backend::Flex, vec![-1.0, f32::NAN], vec![1, 0, 0, 2, 0, 0]);
+        let (d, n) = agreement(&a, &c);
+        assert_eq!((d, n), (0.0, 1));
+        let e = report(Backend::Flex, vec![f32::NAN, -2.0], vec![1, 0, 1, 0]);
+        assert_eq!(agreement(&a, &e).0, f64::INFINITY);
+    }
+}
