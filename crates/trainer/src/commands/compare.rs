@@ -199,15 +199,9 @@ fn compare(
 }
 
 /// The phases of a training step (validation and the baseline's t-test are not).
-const STEP_PHASES: [Phase; 7] = [
-    Phase::Generate,
-    Phase::Upload,
-    Phase::Forward,
-    Phase::Baseline,
-    Phase::DownloadCost,
-    Phase::Backward,
-    Phase::Optimizer,
-];
+fn step_phases() -> impl Iterator<Item = Phase> {
+    Phase::ALL.into_iter().filter(|&p| p != Phase::Validation)
+}
 
 /// Agreement of one backend with the reference: the largest |Δ log-likelihood| over the
 /// instances whose greedy tours agree, and how many tours differ.
@@ -255,12 +249,12 @@ fn render(reports: &[BackendReport], config: &Config, tolerance: f64) -> (String
         config.problem.n, t.batch_size, t.epochs, format!("{:?}", t.baseline).to_lowercase(), t.seed
     );
     let _ = write!(s, "| backend | s/step | inst/s |");
-    for p in STEP_PHASES {
+    for p in step_phases() {
         let _ = write!(s, " {} |", p.name());
     }
     let _ = writeln!(s, " peak RSS | max abs Δll | tours differing | agreement |");
     let _ = write!(s, "|---|---|---|");
-    for _ in STEP_PHASES {
+    for _ in step_phases() {
         let _ = write!(s, "---|");
     }
     let _ = writeln!(s, "---|---|---|---|");
@@ -276,7 +270,7 @@ fn render(reports: &[BackendReport], config: &Config, tolerance: f64) -> (String
         };
         let k = timed.len() as f64;
         let phase = |p: Phase| timed.iter().map(|m| m.phases.seconds(p)).sum::<f64>() / k;
-        let per_step: f64 = STEP_PHASES.iter().map(|&p| phase(p)).sum();
+        let per_step: f64 = step_phases().map(phase).sum();
         let _ = write!(
             s,
             "| {} | {:.3} | {:.0} |",
@@ -284,7 +278,7 @@ fn render(reports: &[BackendReport], config: &Config, tolerance: f64) -> (String
             per_step,
             t.batch_size as f64 / per_step
         );
-        for p in STEP_PHASES {
+        for p in step_phases() {
             let _ = write!(s, " {:.3} |", phase(p));
         }
         let rss = r
