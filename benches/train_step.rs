@@ -12,7 +12,6 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
 use routeburn_model::Backend;
 use routeburn_trainer::config::Config;
-use routeburn_trainer::metrics::Phase;
 use routeburn_trainer::training::{train, TrainOptions};
 
 fn config(n: usize, batch: usize, batches: u64) -> Config {
@@ -74,13 +73,7 @@ fn train_step_on(c: &mut Criterion, backend: Backend) {
                 })
                 .expect("training run");
                 let _ = std::fs::remove_dir_all(&run_dir);
-                let phases = &summary.epochs[0].phases;
-                let seconds: f64 = Phase::ALL
-                    .iter()
-                    .filter(|&&p| p != Phase::Validation)
-                    .map(|&p| phases.seconds(p))
-                    .sum();
-                Duration::from_secs_f64(seconds)
+                Duration::from_secs_f64(summary.epochs[0].phases.step_seconds())
             })
         });
     }

@@ -40,6 +40,12 @@ impl Phase {
         Phase::Validation,
     ];
 
+    /// The phases of a training step: all but validation (which includes the rollout
+    /// baseline's end-of-epoch test).
+    pub fn step_phases() -> impl Iterator<Item = Phase> {
+        Phase::ALL.into_iter().filter(|&p| p != Phase::Validation)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Phase::Generate => "generate",
@@ -74,6 +80,11 @@ impl PhaseTimes {
 
     pub fn seconds(&self, phase: Phase) -> f64 {
         self.totals[phase as usize].as_secs_f64()
+    }
+
+    /// Time in the training-step phases ([`Phase::step_phases`]).
+    pub fn step_seconds(&self) -> f64 {
+        Phase::step_phases().map(|p| self.seconds(p)).sum()
     }
 
     pub fn summary(&self) -> String {

@@ -118,8 +118,6 @@ fn per_step_config(mut config: Config, steps: usize) -> Config {
     if t.baseline == BaselineKind::Rollout {
         t.baseline_eval_size = t.baseline_eval_size.min(t.batch_size);
     }
-    config.logging.progress = false;
-    config.logging.summary = false;
     config.checkpointing.every_epochs = steps;
     config.checkpointing.keep_last = 1;
     config
@@ -198,11 +196,6 @@ fn compare(
     Ok(reports)
 }
 
-/// The phases of a training step (validation and the baseline's t-test are not).
-fn step_phases() -> impl Iterator<Item = Phase> {
-    Phase::ALL.into_iter().filter(|&p| p != Phase::Validation)
-}
-
 /// Agreement of one backend with the reference: the largest |Δ log-likelihood| over the
 /// instances whose greedy tours agree, and how many tours differ.
 fn agreement(reference: &BackendReport, other: &BackendReport) -> (f64, usize) {
@@ -249,12 +242,12 @@ fn render(reports: &[BackendReport], config: &Config, tolerance: f64) -> (String
         config.problem.n, t.batch_size, t.epochs, format!("{:?}", t.baseline).to_lowercase(), t.seed
     );
     let _ = write!(s, "| backend | s/step | inst/s |");
-    for p in step_phases() {
+    for p in Phase::step_phases() {
         let _ = write!(s, " {} |", p.name());
     }
     let _ = writeln!(s, " peak RSS | max abs Δll | tours differing | agreement |");
     let _ = write!(s, "|---|---|---|");
-    for _ in step_phases() {
+    for _ in Phase::step_phases() {
         let _ = write!(s, "---|");
     }
     let _ = writeln!(s, "---|---|---|---|");
@@ -270,7 +263,7 @@ fn render(reports: &[BackendReport], config: &Config, tolerance: f64) -> (String
         };
         let k = timed.len() as f64;
         let phase = |p: Phase| timed.iter().map(|m| m.phases.seconds(p)).sum::<f64>() / k;
-        let per_step: f64 = step_phases().map(phase).sum();
+        let per_step: f64 = Phase::step_phases().map(phase).sum();
         let _ = write!(
             s,
             "| {} | {:.3} | {:.0} |",
@@ -278,7 +271,7 @@ fn render(reports: &[BackendReport], config: &Config, tolerance: f64) -> (String
             per_step,
             t.batch_size as f64 / per_step
         );
-        for p in step_phases() {
+        for p in Phase::step_phases() {
             let _ = write!(s, " {:.3} |", phase(p));
         }
         let rss = r
