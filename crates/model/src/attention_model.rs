@@ -18,7 +18,7 @@ use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::{Device, Tensor};
 
 use crate::decode::{repeat_rows, rollout, DecodeOptions, DecodeOutput, Policy};
-use crate::encoder::{GraphEncoder, GraphEncoderConfig};
+use crate::encoder::{per_node, GraphEncoder, GraphEncoderConfig};
 use crate::problem::DeviceBatch;
 use crate::state::CvrpState;
 
@@ -67,14 +67,14 @@ pub struct AttentionModel {
 pub struct Precomputed {
     /// `[R, N, d]` node embeddings.
     node_embeddings: Tensor<3>,
-    /// `[R, 1, d]` projected graph embedding.
-    fixed_context: Tensor<3>,
-    /// `[R, H, dk, N]` glimpse keys, transposed for the matmul.
-    glimpse_keys_t: Tensor<4>,
-    /// `[R, H, N, dk]` glimpse values.
+    /// `[R, d]` projected graph embedding.
+    fixed_context: Tensor<2>,
+    /// `[R, N, H, dk]` glimpse keys, already divided by √dk.
+    glimpse_keys: Tensor<4>,
+    /// `[R, N, H, dk]` glimpse values.
     glimpse_values: Tensor<4>,
-    /// `[R, d, N]` logit keys, transposed.
-    logit_keys_t: Tensor<3>,
+    /// `[R, N, d]` logit keys, already divided by √d.
+    logit_keys: Tensor<3>,
 }
 
 impl AttentionModel {
@@ -108,22 +108,26 @@ impl AttentionModel {
         let [r, n, d] = node_embeddings.dims();
         let heads = self.num_heads;
         let dk = d / heads;
-        let graph_embedding = node_embeddings.clone().mean_dim(1); // [R, 1, d]
-        let fixed_context = self.project_fixed_context.forward(graph_embedding); // [R, 1, d]
-        let projected = self
-            .project_node_embeddings
-            .forward(node_embeddings.clone()); // [R, N, 3d]
-        let glimpse_keys = projected.clone().slice_dim(2, 0..d); // [R, N, d]
-        let glimpse_values = projected.clone().slice_dim(2, d..2 * d);
-        let logit_keys = projected.slice_dim(2, 2 * d..3 * d);
+        let graph_embedding = node_embeddings.clone().mean_dim(1).reshape([r, d]); // [R, d]
+        let fixed_context = self.project_fixed_context.forward(graph_embedding); // [R, d]
+        let projected = per_node(&self.project_node_embeddings, node_embeddings.clone()); // [R, N, 3d]
+                                                                                          // The keys are scaled here once rather than the compatibilities at every step.
+        let glimpse_keys = projected
+            .clone()
+            .slice_dim(2, 0..d)
+            .reshape([r, n, heads, dk])
+            / (dk as f64).sqrt(); // [R, N, H, dk]
+        let glimpse_values = projected
+            .clone()
+            .slice_dim(2, d..2 * d)
+            .reshape([r, n, heads, dk]); // [R, N, H, dk]
+        let logit_keys = projected.slice_dim(2, 2 * d..3 * d) / (d as f64).sqrt(); // [R, N, d]
         Precomputed {
             node_embeddings,
             fixed_context,
-            glimpse_keys_t: glimpse_keys
-                .reshape([r, n, heads, dk])
-                .permute([0, 2, 3, 1]), // [R, H, dk, N]
-            glimpse_values: glimpse_values.reshape([r, n, heads, dk]).swap_dims(1, 2), // [R, H, N, dk]
-            logit_keys_t: logit_keys.swap_dims(1, 2),                                  // [R, d, N]
+            glimpse_keys,
+            glimpse_values,
+            logit_keys,
         }
     }
 
@@ -143,25 +147,33 @@ impl AttentionModel {
         let mask = state.mask(); // [R, N]
 
         let last = state.last_node().unsqueeze_dim::<3>(2).expand([r, 1, d]); // [R, 1, d]
-        let last_embedding = pre.node_embeddings.clone().gather(1, last); // [R, 1, d]
-        let remaining = state.remaining_capacity_fraction().unsqueeze_dim::<3>(2); // [R, 1, 1]
+        let last_embedding = pre.node_embeddings.clone().gather(1, last).reshape([r, d]); // [R, d]
+        let remaining = state.remaining_capacity_fraction(); // [R, 1]
+                                                             // The step's projections take `[R, ·]` rows: as `[R, 1, ·]` a backend may run R
+                                                             // broadcast matmuls, whose weight gradient is an `[R, d + 1, d]` tensor summed away.
         let step_context = self
             .project_step_context
-            .forward(Tensor::cat(vec![last_embedding, remaining], 2)); // [R, 1, d]
-        let query = pre.fixed_context.clone() + step_context; // [R, 1, d]
+            .forward(Tensor::cat(vec![last_embedding, remaining], 1)); // [R, d]
+        let query = pre.fixed_context.clone() + step_context; // [R, d]
 
-        // Glimpse: one query per head attends over the unmasked nodes.
-        let head_mask = mask.clone().reshape([r, 1, 1, n]).expand([r, heads, 1, n]);
-        let q = query.reshape([r, 1, heads, dk]).swap_dims(1, 2); // [R, H, 1, dk]
-        let compatibility = q.matmul(pre.glimpse_keys_t.clone()) / (dk as f64).sqrt(); // [R, H, 1, N]
-        let attention = softmax(compatibility.mask_fill(head_mask, f32::NEG_INFINITY), 3);
-        let heads_out = attention.matmul(pre.glimpse_values.clone()); // [R, H, 1, dk]
+        // Glimpse: one query per head attends over the unmasked nodes. With a single query
+        // row, a broadcast product summed over the features replaces R × H tiny matmuls
+        // (each a separate gemm call on the CPU backends); nodes stay on axis 1 throughout,
+        // so nothing is transposed at a step.
+        let head_mask = mask.clone().reshape([r, n, 1, 1]).expand([r, n, heads, 1]);
+        let q = query.reshape([r, 1, heads, dk]); // [R, 1, H, dk]
+        let compatibility = (q * pre.glimpse_keys.clone()).sum_dim(3); // [R, N, H, 1]
+        let attention = softmax(compatibility.mask_fill(head_mask, f32::NEG_INFINITY), 1); // [R, N, H, 1]
+        let heads_out = (attention * pre.glimpse_values.clone()).sum_dim(1); // [R, 1, H, dk]
         let glimpse = self
             .project_out
-            .forward(heads_out.swap_dims(1, 2).reshape([r, 1, d])); // [R, 1, d]
+            .forward(heads_out.reshape([r, d]))
+            .reshape([r, 1, d]); // [R, 1, d]
 
         // Single-head pointer logits, clipped, masked.
-        let logits = glimpse.matmul(pre.logit_keys_t.clone()).reshape([r, n]) / (d as f64).sqrt(); // [R, N]
+        let logits = (glimpse * pre.logit_keys.clone())
+            .sum_dim(2)
+            .reshape([r, n]); // [R, N]
         let clipped = logits.tanh() * self.tanh_clipping;
         let scaled = if temperature == 1.0 {
             clipped
@@ -175,5 +187,116 @@ impl AttentionModel {
 impl Policy for AttentionModel {
     fn decode(&self, problem: &DeviceBatch, options: &DecodeOptions) -> DecodeOutput {
         AttentionModel::decode(self, problem, options)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Int, TensorData};
+
+    use super::*;
+    use crate::backend::Backend;
+    use crate::encoder::GraphEncoderConfig;
+
+    /// Kool's decoder step written as he does, with matmuls on transposed keys: the
+    /// reference for the broadcast-and-sum form the model uses.
+    fn reference_step(
+        model: &AttentionModel,
+        embeddings: Tensor<3>,
+        state: &CvrpState,
+    ) -> Tensor<2> {
+        let [r, n, d] = embeddings.dims();
+        let (heads, dk) = (model.num_heads, d / model.num_heads);
+        let projected = model.project_node_embeddings.forward(embeddings.clone()); // [R, N, 3d]
+        let keys_t = projected
+            .clone()
+            .slice_dim(2, 0..d)
+            .reshape([r, n, heads, dk])
+            .permute([0, 2, 3, 1]); // [R, H, dk, N]
+        let values = projected
+            .clone()
+            .slice_dim(2, d..2 * d)
+            .reshape([r, n, heads, dk])
+            .swap_dims(1, 2); // [R, H, N, dk]
+        let logit_keys_t = projected.slice_dim(2, 2 * d..3 * d).swap_dims(1, 2); // [R, d, N]
+        let fixed = model
+            .project_fixed_context
+            .forward(embeddings.clone().mean_dim(1)); // [R, 1, d]
+        let last = state.last_node().unsqueeze_dim::<3>(2).expand([r, 1, d]);
+        let context = Tensor::cat(
+            vec![
+                embeddings.gather(1, last),
+                state.remaining_capacity_fraction().unsqueeze_dim::<3>(2),
+            ],
+            2,
+        ); // [R, 1, d + 1]
+        let query = fixed + model.project_step_context.forward(context); // [R, 1, d]
+        let mask = state.mask(); // [R, N]
+        let q = query.reshape([r, 1, heads, dk]).swap_dims(1, 2); // [R, H, 1, dk]
+        let compatibility = q.matmul(keys_t) / (dk as f64).sqrt(); // [R, H, 1, N]
+        let head_mask = mask.clone().reshape([r, 1, 1, n]).expand([r, heads, 1, n]);
+        let attention = softmax(compatibility.mask_fill(head_mask, f32::NEG_INFINITY), 3);
+        let glimpse = model
+            .project_out
+            .forward(attention.matmul(values).swap_dims(1, 2).reshape([r, 1, d])); // [R, 1, d]
+        let logits = glimpse.matmul(logit_keys_t).reshape([r, n]) / (d as f64).sqrt();
+        let clipped = logits.tanh() * model.tanh_clipping;
+        log_softmax(clipped.mask_fill(mask, f32::NEG_INFINITY), 1)
+    }
+
+    #[test]
+    fn decoder_step_matches_kools_matmul_form() {
+        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let encoder = GraphEncoderConfig::new()
+            .with_embed_dim(16)
+            .with_num_heads(4)
+            .with_num_layers(1)
+            .with_feed_forward_dim(32);
+        let model = AttentionModelConfig::new()
+            .with_encoder(encoder)
+            .init(&device);
+        let (r, n, d) = (3, 6, 16);
+        let values: Vec<f32> = (0..r * n * d)
+            .map(|i| (i * 37 % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        let embeddings = Tensor::<3>::from_data(TensorData::new(values, [r, n, d]), &device);
+        // Capacity 10; after one step each row stands somewhere else with some load, so the
+        // masks differ by row (the depot is open for rows away from it).
+        let demands = Tensor::<2>::from_data(
+            TensorData::new(
+                vec![
+                    0.0f32, 3.0, 4.0, 2.0, 9.0, 1.0, //
+                    0.0, 8.0, 1.0, 1.0, 1.0, 1.0, //
+                    0.0, 2.0, 2.0, 2.0, 2.0, 2.0,
+                ],
+                [r, n],
+            ),
+            &device,
+        );
+        let capacity = Tensor::<2>::from_data(TensorData::new(vec![10.0f32; r], [r, 1]), &device);
+        let mut state = CvrpState::new(demands, capacity);
+        state.step(Tensor::<2, Int>::from_data(
+            TensorData::new(vec![2i64, 1, 5], [r, 1]),
+            &device,
+        ));
+
+        let pre = model.precompute(embeddings.clone());
+        let ours: Vec<f32> = model
+            .step_log_probs(&pre, &state, 1.0)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let reference: Vec<f32> = reference_step(&model, embeddings, &state)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        assert!(ours.iter().any(|x| x.is_infinite()), "some node is masked");
+        for (i, (a, b)) in ours.iter().zip(&reference).enumerate() {
+            if b.is_infinite() {
+                assert_eq!(a, b, "entry {i}: masked in the reference");
+            } else {
+                assert!((a - b).abs() < 1e-5, "entry {i}: {a} vs {b}");
+            }
+        }
     }
 }

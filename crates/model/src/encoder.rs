@@ -68,9 +68,7 @@ impl GraphEncoder {
     /// - output: `[B, N, d]` node embeddings
     pub fn forward(&self, coords: Tensor<3>, demand_fraction: Tensor<2>) -> Tensor<3> {
         let [b, n, _] = coords.dims();
-        let depot = self
-            .depot_embedding
-            .forward(coords.clone().slice([0..b, 0..1])); // [B, 1, d]
+        let depot = per_node(&self.depot_embedding, coords.clone().slice([0..b, 0..1])); // [B, 1, d]
         let customer_features = Tensor::cat(
             vec![
                 coords.slice([0..b, 1..n]),
@@ -78,7 +76,7 @@ impl GraphEncoder {
             ],
             2,
         ); // [B, n, 3]
-        let customers = self.customer_embedding.forward(customer_features); // [B, n, d]
+        let customers = per_node(&self.customer_embedding, customer_features); // [B, n, d]
         let mut h = Tensor::cat(vec![depot, customers], 1); // [B, N, d]
         for layer in &self.layers {
             h = layer.forward(h);
@@ -114,9 +112,10 @@ impl EncoderLayer {
         let h = self
             .attention_norm
             .forward(h.clone() + self.attention.forward(h));
-        let ff = self
-            .feed_forward_out
-            .forward(relu(self.feed_forward_in.forward(h.clone())));
+        let ff = per_node(
+            &self.feed_forward_out,
+            relu(per_node(&self.feed_forward_in, h.clone())),
+        );
         self.feed_forward_norm.forward(h + ff)
     }
 }
@@ -150,19 +149,32 @@ impl MultiHeadSelfAttention {
         let [b, n, d] = h.dims();
         let heads = self.num_heads;
         let dk = d / heads;
-        let qkv = self
-            .qkv
-            .forward(h)
-            .reshape([b, n, 3, heads, dk])
-            .permute([2, 0, 3, 1, 4]); // [3, B, H, N, dk]
-        let q = qkv.clone().slice_dim(0, 0..1).squeeze_dim::<4>(0); // [B, H, N, dk]
-        let k = qkv.clone().slice_dim(0, 1..2).squeeze_dim::<4>(0);
-        let v = qkv.slice_dim(0, 2..3).squeeze_dim::<4>(0);
+        // Heads split by views only: squeezing a permuted [3, B, H, N, dk] would copy it.
+        let qkv = per_node(&self.qkv, h)
+            .reshape([b, n, 3 * heads, dk])
+            .swap_dims(1, 2); // [B, 3H, N, dk]
+        let q = qkv.clone().slice_dim(1, 0..heads); // [B, H, N, dk]
+        let k = qkv.clone().slice_dim(1, heads..2 * heads);
+        let v = qkv.slice_dim(1, 2 * heads..3 * heads);
         let compatibility = q.matmul(k.swap_dims(2, 3)) / (dk as f64).sqrt(); // [B, H, N, N]
         let attended = softmax(compatibility, 3).matmul(v); // [B, H, N, dk]
-        self.out
-            .forward(attended.swap_dims(1, 2).reshape([b, n, d])) // [B, N, d]
+        per_node(&self.out, attended.swap_dims(1, 2).reshape([b, n, d])) // [B, N, d]
     }
+}
+
+/// A linear layer applied to every node as one `[B × N, in]` matrix.
+///
+/// Given `[B, N, in]`, Burn may instead run B matmuls against the broadcast weight (it
+/// does for CVRP20: N = 21), and their weight gradient is then a `[B, in, out]` tensor
+/// summed over B: for batch 512 that is 100 MB per layer and most of a training step.
+///
+/// # Shapes
+/// - `x`: `[B, N, in]` → `[B, N, out]`
+pub(crate) fn per_node(linear: &Linear, x: Tensor<3>) -> Tensor<3> {
+    let [b, n, d_in] = x.dims();
+    let out = linear.forward(x.reshape([b * n, d_in])); // [B × N, out]
+    let [_, d_out] = out.dims();
+    out.reshape([b, n, d_out])
 }
 
 /// The normalisation after a skip connection, over `[B, N, d]` node embeddings.
@@ -185,9 +197,13 @@ impl Norm {
     /// # Shapes
     /// - `h`: `[B, N, d]` → `[B, N, d]`
     pub fn forward(&self, h: Tensor<3>) -> Tensor<3> {
+        let [b, n, d] = h.dims();
         match self {
-            // Batch and instance norms take features on axis 1.
-            Norm::Batch(bn) => bn.forward(h.swap_dims(1, 2)).swap_dims(1, 2),
+            // Batch norm over every node of the batch: as `[B × N, d]` the features already
+            // sit on axis 1, and the output stays contiguous (a swapped view would be copied
+            // by every later gather and reshape).
+            Norm::Batch(bn) => bn.forward(h.reshape([b * n, d])).reshape([b, n, d]),
+            // Instance norm takes features on axis 1.
             Norm::Instance(inn) => inn.forward(h.swap_dims(1, 2)).swap_dims(1, 2),
             Norm::Layer(ln) => ln.forward(h),
         }

@@ -1,5 +1,6 @@
 //! Training loops, baselines, checkpoints, metrics and the `routeburn` command line.
 
+pub mod allocator;
 pub mod baseline;
 pub mod checkpoint;
 pub mod cli;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    routeburn_trainer::allocator::tune_for_tensors();
     let cli = routeburn_trainer::cli::Cli::parse();
     match routeburn_trainer::cli::run(cli) {
         Ok(code) => code,
