@@ -7,6 +7,8 @@ use routeburn_data::{Generator, InstanceRng};
 use routeburn_model::{AttentionModelConfig, Backend, CvrpState, DecodeOptions, DeviceBatch};
 
 fn model(c: &mut Criterion) {
+    // The heap settings `routeburn` itself runs with.
+    routeburn_trainer::allocator::tune_for_tensors();
     for backend in Backend::compiled().into_iter().filter(|b| b.is_cpu()) {
         model_on(c, backend);
     }
