@@ -38,6 +38,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::decode::{repeat_rows, rollout, DecodeOptions, DecodeOutput, Policy};
+use crate::encoder::per_node;
 use crate::problem::DeviceBatch;
 use crate::state::CvrpState;
 
@@ -236,7 +237,7 @@ impl PointerNetwork {
         let (outputs, states) = self
             .encoder
             .forward(assemble(static_features.clone(), dynamic), None); // [B, N, H]
-        let reference = self.project_reference.forward(outputs); // [B, N, H]
+        let reference = per_node(&self.project_reference, outputs); // [B, N, H]
         (
             Encoded {
                 static_features,
@@ -262,7 +263,7 @@ impl PointerNetwork {
         let (output, lstm_states) = self.decoder.forward(input, lstm_states); // [R, 1, H]
         let query = self.project_query.forward(output); // [R, 1, H]
         let hidden = tanh_by_exp(encoded.reference.clone() + query.expand([r, n, h])); // [R, N, H]
-        let mut scores = self.score.forward(hidden).reshape([r, n]); // [R, N]
+        let mut scores = per_node(&self.score, hidden).reshape([r, n]); // [R, N]
         if self.tanh_clipping > 0.0 {
             scores = scores.tanh() * self.tanh_clipping;
         }
