@@ -12,7 +12,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
 use routeburn_model::Backend;
 use routeburn_trainer::config::Config;
-use routeburn_trainer::training::{train, TrainOptions};
+use routeburn_trainer::{train, TrainOptions};
 
 fn config(n: usize, batch: usize, batches: u64) -> Config {
     let text = format!(

@@ -12,14 +12,16 @@
 //!   return to the depot, padded with trailing zeros (see [`Solution::from_actions`]).
 //! - Demands are indexed by node: `node_demands[0]` is the depot's and is ignored.
 
+mod action;
 mod batch;
 mod distance;
 mod error;
 mod solution;
 mod validate;
 
-pub use batch::{batch_costs, validate_batch, ActionIndex, BatchError, PARALLEL_MIN_EDGES};
+pub use action::ActionIndex;
+pub use batch::{batch_costs, validate_batch, BatchError, PARALLEL_MIN_EDGES};
 pub use distance::{Distance, DistanceMatrix, Euclidean, Metric, RoundedEuclidean};
 pub use error::SolutionError;
 pub use solution::Solution;
-pub use validate::{validate, validate_actions, RouteLoads};
+pub use validate::{validate, validate_actions};

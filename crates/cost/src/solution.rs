@@ -1,4 +1,4 @@
-use crate::batch::ActionIndex;
+use crate::action::ActionIndex;
 use crate::distance::Distance;
 use crate::error::SolutionError;
 
@@ -21,7 +21,7 @@ impl Solution {
     /// depot visit (the last one may be left open), and anything after the last customer
     /// is padding. Two depot visits in a row *before* the last customer, or a leading
     /// depot visit, mean an empty route and are rejected. Negative indices are rejected;
-    /// indices above `n` are kept here and caught by [`crate::validate`], which knows `n`.
+    /// indices above `n` are kept here and caught by validation (`validate`), which knows `n`.
     pub fn from_actions<A: ActionIndex>(actions: &[A]) -> Result<Self, SolutionError> {
         let end = actions
             .iter()

@@ -1,4 +1,4 @@
-use crate::batch::ActionIndex;
+use crate::action::ActionIndex;
 use crate::error::SolutionError;
 use crate::solution::Solution;
 
@@ -33,22 +33,6 @@ pub fn validate_actions<A: ActionIndex>(
 ) -> Result<(), SolutionError> {
     let mut seen = Vec::new();
     validate_actions_with(actions, node_demands, capacity, &mut seen)
-}
-
-/// Per-route loads of a solution that has already been validated, handy for reports.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RouteLoads(pub Vec<u64>);
-
-impl RouteLoads {
-    pub fn of(solution: &Solution, node_demands: &[u32]) -> Self {
-        Self(
-            solution
-                .routes
-                .iter()
-                .map(|r| r.iter().map(|&c| node_demands[c as usize] as u64).sum())
-                .collect(),
-        )
-    }
 }
 
 pub(crate) fn validate_actions_with<A: ActionIndex>(

@@ -62,15 +62,6 @@ impl Batch {
         Self::build(instances, |inst| inst.coords().to_vec())
     }
 
-    /// Batches instances after mapping each into the unit square: translated to its
-    /// bounding box's corner and scaled by the larger side, so the aspect ratio is kept.
-    /// For CVRPLIB instances, whose coordinates are not in [0,1]², before a model sees them.
-    pub fn from_instances_normalized<'a>(
-        instances: impl IntoIterator<Item = &'a Instance>,
-    ) -> Result<Self, InstanceError> {
-        Self::build(instances, |inst| normalize_coords(inst.coords()))
-    }
-
     fn build<'a>(
         instances: impl IntoIterator<Item = &'a Instance>,
         coords_of: impl Fn(&Instance) -> Vec<[f64; 2]>,
@@ -114,8 +105,9 @@ impl Batch {
     }
 }
 
-/// Maps points into the unit square, keeping the aspect ratio (see
-/// [`Batch::from_instances_normalized`]).
+/// Maps points into the unit square, keeping the aspect ratio: translated to the bounding
+/// box's corner and scaled by its larger side. For CVRPLIB instances, whose coordinates
+/// are not in [0,1]², before a model sees them.
 pub fn normalize_coords(coords: &[[f64; 2]]) -> Vec<[f64; 2]> {
     let (mut lo, mut hi) = ([f64::INFINITY; 2], [f64::NEG_INFINITY; 2]);
     for p in coords {

@@ -110,9 +110,6 @@ impl Instance {
     pub fn name(&self) -> &str {
         &self.name
     }
-    pub fn set_name(&mut self, name: impl Into<String>) {
-        self.name = name.into();
-    }
     /// Number of customers.
     pub fn n(&self) -> usize {
         self.demands.len() - 1

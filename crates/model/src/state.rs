@@ -11,7 +11,7 @@
 //! below 2²⁴), so feasibility is decided exactly; the half-unit [`CAPACITY_TOLERANCE`]
 //! only guards against a backend that computes in lower precision.
 
-use burn::tensor::{Bool, Device, Int, Tensor};
+use burn::tensor::{Bool, Int, Tensor};
 
 /// Slack, in demand units, when comparing a demand with the remaining capacity.
 pub const CAPACITY_TOLERANCE: f32 = 0.5;
@@ -46,10 +46,6 @@ impl CvrpState {
             demands,
             capacity,
         }
-    }
-
-    pub fn device(&self) -> Device {
-        self.demands.device()
     }
 
     /// `[B, 1]` remaining capacity as a fraction of the vehicle capacity (the decoder's

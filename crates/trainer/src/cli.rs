@@ -3,18 +3,18 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::commands;
-use crate::error::CliError;
+use crate::error::TrainError;
 
 /// Neural solvers for the Capacitated Vehicle Routing Problem, trained with Burn.
 #[derive(Debug, Parser)]
 #[command(name = "routeburn", version, about, long_about = None)]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
-    pub command: Command,
+    command: Command,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Generate random instances (Kool et al.'s uniform distribution) to JSONL or .vrp files.
     Gen(commands::gen::GenArgs),
     /// Validate a solution (.sol) for an instance (.vrp) and print its cost.
@@ -40,7 +40,40 @@ pub enum Command {
     CompareBackends(commands::compare::CompareArgs),
 }
 
-pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
+/// Parses the command line, runs the command, prints any error with its causes, and
+/// returns the exit status.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                eprintln!("  caused by: {s}");
+                source = s.source();
+            }
+            ExitCode::from(exit_code(&e))
+        }
+    }
+}
+
+/// The exit status of each kind of error: 2 for bad input (a file, config, flag or
+/// checkpoint), 1 for a run or a solve that started and could not go on.
+pub fn exit_code(e: &TrainError) -> u8 {
+    match e {
+        TrainError::NonFinite { .. } | TrainError::Infeasible(_) | TrainError::Failed(_) => 1,
+        TrainError::Data(_)
+        | TrainError::Backend(_)
+        | TrainError::Config { .. }
+        | TrainError::Checkpoint { .. }
+        | TrainError::Input(_)
+        | TrainError::Io { .. }
+        | TrainError::Partial(_) => 2,
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode, TrainError> {
     match cli.command {
         Command::Gen(args) => commands::gen::run(args),
         Command::Check(args) => commands::check::run(args),

@@ -6,25 +6,16 @@ use routeburn_cost::{batch_costs, validate_batch, ActionIndex};
 use routeburn_data::Batch;
 use routeburn_model::{DecodeOptions, DeviceBatch, Policy};
 
-use crate::error::CliError;
-
-/// The actions of a decode, downloaded to the host.
-#[derive(Debug, Clone)]
-pub struct HostActions {
-    /// `[R, T]` row-major.
-    pub actions: Vec<i64>,
-    pub steps: usize,
-    pub rows_per_instance: usize,
-}
+use crate::error::TrainError;
 
 /// Reads int tensor data of either int width as i64.
-pub fn int_data_to_i64(data: TensorData) -> Vec<i64> {
+pub(crate) fn int_data_to_i64(data: TensorData) -> Vec<i64> {
     data.try_into_vec_as::<i64>()
         .expect("int tensor data converts to i64")
 }
 
 /// Downloads several int tensors in one device read.
-pub fn download_ints(tensors: Vec<Tensor<2, Int>>) -> Vec<(Vec<i64>, [usize; 2])> {
+pub(crate) fn download_ints(tensors: Vec<Tensor<2, Int>>) -> Vec<(Vec<i64>, [usize; 2])> {
     let dims: Vec<[usize; 2]> = tensors.iter().map(|t| t.dims()).collect();
     let mut tx = Transaction::default();
     for t in tensors {
@@ -40,14 +31,14 @@ pub fn download_ints(tensors: Vec<Tensor<2, Int>>) -> Vec<(Vec<i64>, [usize; 2])
 /// Per-row costs of a decode of `batch`, after validating every row with the cost crate.
 /// Rows are instance-major (`rows_per_instance` per instance); an infeasible row is an
 /// error, never silently costed.
-pub fn validated_costs<A: ActionIndex>(
+pub(crate) fn validated_costs<A: ActionIndex>(
     batch: &Batch,
     actions: &[A],
     steps: usize,
     rows_per_instance: usize,
-) -> Result<Vec<f64>, CliError> {
+) -> Result<Vec<f64>, TrainError> {
     let nodes = batch.num_nodes();
-    let invalid = |e| CliError::Failed(format!("the model emitted an infeasible solution: {e}"));
+    let invalid = |e: routeburn_cost::BatchError| TrainError::Infeasible(e.to_string());
     if rows_per_instance == 1 {
         validate_batch(
             actions,
@@ -76,7 +67,7 @@ pub fn validated_costs<A: ActionIndex>(
 }
 
 /// The best cost per instance out of its rows.
-pub fn best_per_instance(costs: &[f64], rows_per_instance: usize) -> Vec<f64> {
+pub(crate) fn best_per_instance(costs: &[f64], rows_per_instance: usize) -> Vec<f64> {
     costs
         .chunks(rows_per_instance)
         .map(|c| c.iter().copied().fold(f64::INFINITY, f64::min))
@@ -85,12 +76,12 @@ pub fn best_per_instance(costs: &[f64], rows_per_instance: usize) -> Vec<f64> {
 
 /// Decodes every batch with `model` (an inference copy, see `Module::valid`) and returns
 /// each instance's best validated cost.
-pub fn decode_costs(
+pub(crate) fn decode_costs(
     model: &impl Policy,
     batches: &[Batch],
     options: &DecodeOptions,
     device: &Device,
-) -> Result<Vec<f64>, CliError> {
+) -> Result<Vec<f64>, TrainError> {
     let mut costs = Vec::new();
     for batch in batches {
         let problem = DeviceBatch::upload(batch, None, device);
@@ -105,17 +96,17 @@ pub fn decode_costs(
 }
 
 /// Splits instances into batches of at most `batch_size`.
-pub fn batches_of(
+pub(crate) fn batches_of(
     instances: &[routeburn_data::Instance],
     batch_size: usize,
-) -> Result<Vec<Batch>, CliError> {
+) -> Result<Vec<Batch>, TrainError> {
     instances
         .chunks(batch_size.max(1))
-        .map(|c| Batch::from_instances(c).map_err(|e| CliError::Input(e.to_string())))
+        .map(|c| Batch::from_instances(c).map_err(|e| TrainError::Input(e.to_string())))
         .collect()
 }
 
-pub fn mean(v: &[f64]) -> f64 {
+pub(crate) fn mean(v: &[f64]) -> f64 {
     if v.is_empty() {
         f64::NAN
     } else {

@@ -11,20 +11,20 @@ use routeburn_cost::{Metric, Solution};
 use routeburn_data::{normalize_coords, Batch, Instance, InstanceRng};
 use routeburn_model::{DecodeOptions, DeviceBatch, NoiseShape, Policy, RoutingModel};
 
-use crate::checkpoint::{record_error, Checkpoints, MODEL_FILE};
-use crate::config::{Config, ModelKind};
-use crate::error::CliError;
+use crate::config::{Config, ModelConfig};
+use crate::error::TrainError;
 use crate::evaluate::{download_ints, validated_costs};
+use crate::run::checkpoint::{record_error, Checkpoints, MODEL_FILE};
 
 /// How to turn a model into solutions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Strategy {
+pub(crate) struct Strategy {
     /// Best of this many samples per (augmented) instance; 0 means greedy.
-    pub samples: usize,
+    pub(crate) samples: usize,
     /// One rollout per first customer (POMO).
-    pub multi_start: bool,
+    pub(crate) multi_start: bool,
     /// Decode the 8 symmetries of the unit square and keep the best.
-    pub augment8: bool,
+    pub(crate) augment8: bool,
 }
 
 impl FromStr for Strategy {
@@ -83,16 +83,25 @@ impl std::fmt::Display for Strategy {
 }
 
 /// A trained model loaded from a run directory.
-pub struct TrainedModel {
-    pub model: RoutingModel,
-    pub config: Config,
-    pub checkpoint: PathBuf,
+pub(crate) struct TrainedModel {
+    pub(crate) model: RoutingModel,
+    pub(crate) config: Config,
+    pub(crate) checkpoint: PathBuf,
 }
 
 impl TrainedModel {
+    /// Says which model, from which checkpoint, on stderr.
+    pub(crate) fn announce(&self) {
+        eprintln!(
+            "{} model from {}",
+            self.config.model_kind(),
+            self.checkpoint.display()
+        );
+    }
+
     /// Loads the latest checkpoint of the run in `run_dir` (or a checkpoint directory
     /// itself) as an inference model on `device`.
-    pub fn load(run_dir: &Path, device: &Device) -> Result<Self, CliError> {
+    pub(crate) fn load(run_dir: &Path, device: &Device) -> Result<Self, TrainError> {
         // Accept the run directory or one of its checkpoint directories.
         let (config_path, ckpt_dir) = if run_dir.join(MODEL_FILE).exists() {
             let run = run_dir.parent().and_then(Path::parent).unwrap_or(run_dir);
@@ -100,37 +109,33 @@ impl TrainedModel {
         } else {
             let config_path = run_dir.join("config.toml");
             if !config_path.exists() {
-                return Err(CliError::Input(format!(
+                return Err(TrainError::Input(format!(
                     "--checkpoint {}: not a run directory (no config.toml) nor a checkpoint (no {MODEL_FILE})",
                     run_dir.display()
                 )));
             }
-            let config = Config::load(&config_path)?;
+            let config = Config::load_run(&config_path)?;
             let (dir, _) = Checkpoints::new(run_dir.join(&config.checkpointing.dir)).latest()?;
             (config_path, dir)
         };
-        let config = Config::load(&config_path)?;
+        let config = Config::load_run(&config_path)?;
         let path = ckpt_dir.join(MODEL_FILE);
         // The config says which model the file holds; a file of another model or size
         // fails to load with an error that names both.
-        let what = format!("{} model", config.model.kind);
-        let model: RoutingModel = match config.model.kind {
-            ModelKind::GtRl => config
-                .model
-                .attention_model()
-                .init(device)
-                .try_load_file(&path)
-                .map_err(|e| record_error(&path, &what, e))?
-                .into(),
-            ModelKind::PtrNet => config
-                .model
-                .pointer_network()
-                .init(device)
-                .try_load_file(&path)
-                .map_err(|e| record_error(&path, &what, e))?
-                .into(),
+        let what = format!("{} model", config.model_kind());
+        let load = |model: RoutingModel| -> Result<RoutingModel, TrainError> {
+            // Each model's file holds its own tensors, not the enum's.
+            match model {
+                RoutingModel::Attention(m) => m.try_load_file(&path).map(Into::into),
+                RoutingModel::Pointer(m) => m.try_load_file(&path).map(Into::into),
+            }
+            .map_err(|e| record_error(&path, &what, e))
         };
-        let model = model.valid();
+        let model = load(match &config.model {
+            ModelConfig::Attention(a) => a.model_config().init(device).into(),
+            ModelConfig::Pointer(p) => p.model_config().init(device).into(),
+        })?
+        .valid();
         Ok(Self {
             model,
             config,
@@ -140,7 +145,7 @@ impl TrainedModel {
 }
 
 /// The 8 symmetries of the unit square.
-pub fn augment(p: [f64; 2], k: usize) -> [f64; 2] {
+pub(crate) fn augment(p: [f64; 2], k: usize) -> [f64; 2] {
     let [x, y] = p;
     match k {
         0 => [x, y],
@@ -156,17 +161,17 @@ pub fn augment(p: [f64; 2], k: usize) -> [f64; 2] {
 
 /// One solved instance.
 #[derive(Debug, Clone)]
-pub struct Solved {
-    pub solution: Solution,
+pub(crate) struct Solved {
+    pub(crate) solution: Solution,
     /// Cost in the instance's own metric.
-    pub cost: f64,
+    pub(crate) cost: f64,
 }
 
 /// Solves instances that all have the same n. With `normalize`, coordinates are mapped
 /// into the unit square first (CVRPLIB instances); costs are always computed on the
 /// instances' own coordinates under `metric` (None: each instance's default).
 #[allow(clippy::too_many_arguments)]
-pub fn solve_batch(
+pub(crate) fn solve_batch(
     model: &impl Policy,
     instances: &[&Instance],
     strategy: Strategy,
@@ -175,40 +180,12 @@ pub fn solve_batch(
     check_every: usize,
     rng: &mut InstanceRng,
     device: &Device,
-) -> Result<Vec<Solved>, CliError> {
+) -> Result<Vec<Solved>, TrainError> {
     let variants = if strategy.augment8 { 8 } else { 1 };
     let copies = strategy.samples.max(1);
     let per_instance = variants * copies;
-    // Expanded instances, instance-major: (instance, symmetry, sample copy).
-    let mut expanded = Vec::with_capacity(instances.len() * per_instance);
-    for inst in instances {
-        if !inst.has_coords() {
-            return Err(CliError::Input(format!(
-                "instance `{}` has no coordinates (EXPLICIT weights only); the model needs coordinates",
-                inst.name()
-            )));
-        }
-        let base = if normalize {
-            normalize_coords(inst.coords())
-        } else {
-            inst.coords().to_vec()
-        };
-        for k in 0..variants {
-            let coords: Vec<[f64; 2]> = base.iter().map(|&p| augment(p, k)).collect();
-            let moved = Instance::from_nodes(
-                inst.name(),
-                coords,
-                inst.node_demands()[1..].to_vec(),
-                inst.capacity(),
-                None,
-            )
-            .map_err(|e| CliError::Input(format!("{}: {e}", inst.name())))?;
-            for _ in 0..copies {
-                expanded.push(moved.clone());
-            }
-        }
-    }
-    let batch = Batch::from_instances(&expanded).map_err(|e| CliError::Input(e.to_string()))?;
+    let expanded = expand(instances, variants, copies, normalize)?;
+    let batch = Batch::from_instances(&expanded).map_err(|e| TrainError::Input(e.to_string()))?;
     let options = if strategy.samples > 0 {
         DecodeOptions::sample(1.0)
     } else {
@@ -240,22 +217,51 @@ pub fn solve_batch(
             .clone()
             .min_by(|&a, &b| row_costs[a].total_cmp(&row_costs[b]))
             .expect("at least one row");
-        let solution =
-            Solution::from_actions(&actions[best * steps..(best + 1) * steps]).map_err(|e| {
-                CliError::Failed(format!(
-                    "{}: decoded an invalid action sequence: {e}",
-                    inst.name()
-                ))
-            })?;
+        let solution = Solution::from_actions(&actions[best * steps..(best + 1) * steps])
+            .map_err(|e| TrainError::Infeasible(format!("{}: {e}", inst.name())))?;
         let cost = inst
             .cost(&solution, metric.unwrap_or_else(|| inst.default_metric()))
-            .map_err(|e| {
-                CliError::Failed(format!(
-                    "{}: the model emitted an infeasible solution: {e}",
-                    inst.name()
-                ))
-            })?;
+            .map_err(|e| TrainError::Infeasible(format!("{}: {e}", inst.name())))?;
         solved.push(Solved { solution, cost });
     }
     Ok(solved)
+}
+
+/// Each instance's `variants` symmetries (unit square first when `normalize`), each
+/// `copies` times: instance-major, then symmetry, then copy.
+fn expand(
+    instances: &[&Instance],
+    variants: usize,
+    copies: usize,
+    normalize: bool,
+) -> Result<Vec<Instance>, TrainError> {
+    let mut expanded = Vec::with_capacity(instances.len() * variants * copies);
+    for inst in instances {
+        if !inst.has_coords() {
+            return Err(TrainError::Input(format!(
+                "instance `{}` has no coordinates (EXPLICIT weights only); the model needs coordinates",
+                inst.name()
+            )));
+        }
+        let base = if normalize {
+            normalize_coords(inst.coords())
+        } else {
+            inst.coords().to_vec()
+        };
+        for k in 0..variants {
+            let coords: Vec<[f64; 2]> = base.iter().map(|&p| augment(p, k)).collect();
+            let moved = Instance::from_nodes(
+                inst.name(),
+                coords,
+                inst.node_demands()[1..].to_vec(),
+                inst.capacity(),
+                None,
+            )
+            .map_err(|e| TrainError::Input(format!("{}: {e}", inst.name())))?;
+            for _ in 0..copies {
+                expanded.push(moved.clone());
+            }
+        }
+    }
+    Ok(expanded)
 }

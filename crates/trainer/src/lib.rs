@@ -1,18 +1,25 @@
 //! Training loops, baselines, checkpoints, metrics and the `routeburn` command line.
+//!
+//! The API is what a program needs to train: [`train`] with [`TrainOptions`] and a
+//! [`config::Config`], the [`TrainSummary`] it returns, and the [`cli`] itself.
 
 pub mod allocator;
-pub mod baseline;
-pub mod checkpoint;
 pub mod cli;
-pub mod clip;
-pub mod commands;
 pub mod config;
 pub mod error;
-pub mod evaluate;
-pub mod inference;
-pub mod metrics;
-pub mod plot;
-pub mod supervised;
-pub mod training;
 
-pub use error::CliError;
+mod atomic;
+mod clip;
+mod commands;
+mod evaluate;
+mod inference;
+mod plot;
+mod reinforce;
+mod run;
+mod supervised;
+mod training;
+
+pub use error::TrainError;
+pub use run::metrics::{EpochMetrics, Phase, PhaseTimes};
+pub use run::skeleton::{TrainOptions, TrainSummary};
+pub use training::train;

@@ -2,27 +2,28 @@
 
 use std::path::Path;
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use routeburn_cost::Solution;
 use routeburn_data::Instance;
 
-use crate::error::CliError;
+use crate::error::TrainError;
 
-fn plot_err(path: &Path, e: impl std::fmt::Display) -> CliError {
-    CliError::Failed(format!("{}: could not draw: {e}", path.display()))
+fn plot_err(path: &Path, e: impl std::fmt::Display) -> TrainError {
+    TrainError::Failed(format!("{}: could not draw: {e}", path.display()))
 }
 
 /// Draws the depot (black square), the customers (grey dots) and each route in its own
 /// colour.
-pub fn plot_routes(
+pub(crate) fn plot_routes(
     instance: &Instance,
     solution: &Solution,
     title: &str,
     path: &Path,
-) -> Result<(), CliError> {
+) -> Result<(), TrainError> {
     let coords = instance.coords();
     if coords.is_empty() {
-        return Err(CliError::Input(format!(
+        return Err(TrainError::Input(format!(
             "{}: no coordinates to plot",
             instance.name()
         )));
@@ -82,7 +83,7 @@ pub fn plot_routes(
 }
 
 /// A run's `metrics.csv` as columns.
-pub struct Curves {
+pub(crate) struct Curves {
     pub epoch: Vec<f64>,
     pub elapsed: Vec<f64>,
     pub train_cost: Vec<f64>,
@@ -91,19 +92,19 @@ pub struct Curves {
     pub val_gap: Vec<Option<f64>>,
 }
 
-pub fn read_curves(metrics: &Path) -> Result<Curves, CliError> {
-    let text = std::fs::read_to_string(metrics).map_err(|e| CliError::io(metrics, e))?;
+pub(crate) fn read_curves(metrics: &Path) -> Result<Curves, TrainError> {
+    let text = std::fs::read_to_string(metrics).map_err(|e| TrainError::io(metrics, e))?;
     let mut lines = text.lines();
     let header: Vec<&str> = lines
         .next()
-        .ok_or_else(|| CliError::Input(format!("{}: empty metrics file", metrics.display())))?
+        .ok_or_else(|| TrainError::Input(format!("{}: empty metrics file", metrics.display())))?
         .split(',')
         .collect();
     let col = |name: &str| {
         header
             .iter()
             .position(|h| *h == name)
-            .ok_or_else(|| CliError::Input(format!("{}: no `{name}` column", metrics.display())))
+            .ok_or_else(|| TrainError::Input(format!("{}: no `{name}` column", metrics.display())))
     };
     let (ce, cs, ct, cb, cv, cg) = (
         col("epoch")?,
@@ -123,9 +124,9 @@ pub fn read_curves(metrics: &Path) -> Result<Curves, CliError> {
     };
     for (i, line) in lines.enumerate() {
         let f: Vec<&str> = line.split(',').collect();
-        let num = |k: usize| -> Result<f64, CliError> {
+        let num = |k: usize| -> Result<f64, TrainError> {
             f.get(k).and_then(|v| v.parse::<f64>().ok()).ok_or_else(|| {
-                CliError::Input(format!(
+                TrainError::Input(format!(
                     "{}:{}: bad value in column {}",
                     metrics.display(),
                     i + 2,
@@ -141,7 +142,7 @@ pub fn read_curves(metrics: &Path) -> Result<Curves, CliError> {
         c.val_gap.push(f.get(cg).and_then(|v| v.parse().ok()));
     }
     if c.epoch.is_empty() {
-        return Err(CliError::Input(format!(
+        return Err(TrainError::Input(format!(
             "{}: no epochs yet",
             metrics.display()
         )));
@@ -164,7 +165,7 @@ fn range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
 
 /// Training curves: costs against epochs, validation gap against epochs, and validation
 /// cost against wall time.
-pub fn plot_curves(curves: &Curves, title: &str, path: &Path) -> Result<(), CliError> {
+pub(crate) fn plot_curves(curves: &Curves, title: &str, path: &Path) -> Result<(), TrainError> {
     let root = SVGBackend::new(path, (1200, 900)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
     let root = root
@@ -172,8 +173,33 @@ pub fn plot_curves(curves: &Curves, title: &str, path: &Path) -> Result<(), CliE
         .map_err(|e| plot_err(path, e))?;
     let (top, bottom) = root.split_vertically(450);
     let (gap_area, time_area) = bottom.split_horizontally(600);
-    let epochs = range(curves.epoch.iter().copied());
+    draw_costs(&top, curves, path)?;
+    let gaps: Vec<(f64, f64)> = curves
+        .epoch
+        .iter()
+        .zip(&curves.val_gap)
+        .filter_map(|(&e, g)| g.map(|g| (e, g)))
+        .collect();
+    draw_line(&gap_area, ("epoch", "validation gap (%)"), gaps, path)?;
+    let by_time: Vec<(f64, f64)> = curves
+        .elapsed
+        .iter()
+        .copied()
+        .zip(curves.val_cost.iter().copied())
+        .collect();
+    draw_line(
+        &time_area,
+        ("wall time (s)", "validation cost"),
+        by_time,
+        path,
+    )?;
+    root.present().map_err(|e| plot_err(path, e))
+}
 
+type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
+
+/// Train, baseline and validation cost per epoch, with a legend.
+fn draw_costs(area: &Area, curves: &Curves, path: &Path) -> Result<(), TrainError> {
     let costs = range(
         curves
             .train_cost
@@ -182,11 +208,11 @@ pub fn plot_curves(curves: &Curves, title: &str, path: &Path) -> Result<(), CliE
             .chain(&curves.val_cost)
             .copied(),
     );
-    let mut chart = ChartBuilder::on(&top)
+    let mut chart = ChartBuilder::on(area)
         .margin(10)
         .x_label_area_size(35)
         .y_label_area_size(55)
-        .build_cartesian_2d(epochs.clone(), costs)
+        .build_cartesian_2d(range(curves.epoch.iter().copied()), costs)
         .map_err(|e| plot_err(path, e))?;
     chart
         .configure_mesh()
@@ -216,53 +242,33 @@ pub fn plot_curves(curves: &Curves, title: &str, path: &Path) -> Result<(), CliE
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()
-        .map_err(|e| plot_err(path, e))?;
+        .map_err(|e| plot_err(path, e))
+}
 
-    let gaps: Vec<(f64, f64)> = curves
-        .epoch
-        .iter()
-        .zip(&curves.val_gap)
-        .filter_map(|(&e, g)| g.map(|g| (e, g)))
-        .collect();
-    let mut chart = ChartBuilder::on(&gap_area)
-        .margin(10)
-        .x_label_area_size(35)
-        .y_label_area_size(55)
-        .build_cartesian_2d(epochs, range(gaps.iter().map(|p| p.1)))
-        .map_err(|e| plot_err(path, e))?;
-    chart
-        .configure_mesh()
-        .x_desc("epoch")
-        .y_desc("validation gap (%)")
-        .draw()
-        .map_err(|e| plot_err(path, e))?;
-    chart
-        .draw_series(LineSeries::new(gaps, RED.stroke_width(2)))
-        .map_err(|e| plot_err(path, e))?;
-
-    let mut chart = ChartBuilder::on(&time_area)
+/// One red line of `pts` with axes named `(x, y)`.
+fn draw_line(
+    area: &Area,
+    (x_desc, y_desc): (&str, &str),
+    pts: Vec<(f64, f64)>,
+    path: &Path,
+) -> Result<(), TrainError> {
+    let mut chart = ChartBuilder::on(area)
         .margin(10)
         .x_label_area_size(35)
         .y_label_area_size(55)
         .build_cartesian_2d(
-            range(curves.elapsed.iter().copied()),
-            range(curves.val_cost.iter().copied()),
+            range(pts.iter().map(|p| p.0)),
+            range(pts.iter().map(|p| p.1)),
         )
         .map_err(|e| plot_err(path, e))?;
     chart
         .configure_mesh()
-        .x_desc("wall time (s)")
-        .y_desc("validation cost")
+        .x_desc(x_desc)
+        .y_desc(y_desc)
         .draw()
         .map_err(|e| plot_err(path, e))?;
-    let pts: Vec<(f64, f64)> = curves
-        .elapsed
-        .iter()
-        .copied()
-        .zip(curves.val_cost.iter().copied())
-        .collect();
     chart
         .draw_series(LineSeries::new(pts, RED.stroke_width(2)))
         .map_err(|e| plot_err(path, e))?;
-    root.present().map_err(|e| plot_err(path, e))
+    Ok(())
 }

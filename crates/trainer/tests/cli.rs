@@ -224,7 +224,7 @@ fn train_eval_solve_check() {
     std::fs::write(
         &config,
         "[problem]\nn = 10\n[model]\nembed_dim = 16\nnum_heads = 2\nnum_layers = 1\nfeed_forward_dim = 32\n\
-[training]\nepochs = 1\nbatch_size = 16\nbatches_per_epoch = 2\nlr = 1e-3\nbaseline = \"exponential\"\n\
+[training]\nepochs = 1\nbatch_size = 16\nlr = 1e-3\n[reinforce]\nbatches_per_epoch = 2\nbaseline = \"exponential\"\n\
 [validation]\nsize = 16\n[logging]\nprogress = false\n",
     )
     .unwrap();
@@ -377,8 +377,8 @@ fn train_eval_solve_check() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// The pointer network through the same commands: `train --model ptrnet` labels its
-/// instances, trains, and its checkpoint evaluates and solves like the attention model's.
+/// The pointer network through the same commands: `train --model ptrnet` (the old name of
+/// `pointer`, still accepted) labels its instances, trains, and its checkpoint evaluates and solves like the attention model's.
 #[test]
 fn pointer_network_train_eval_solve() {
     let dir = tmp("ptrnet");
@@ -407,7 +407,8 @@ fn pointer_network_train_eval_solve() {
     let labels = routeburn_data::read_jsonl(run.join("labels.jsonl")).unwrap();
     assert_eq!(labels.len(), 32);
     let resolved = std::fs::read_to_string(run.join("config.toml")).unwrap();
-    assert!(resolved.contains("kind = \"ptrnet\""), "{resolved}");
+    assert!(resolved.contains("kind = \"pointer\""), "{resolved}");
+    assert!(resolved.contains("hidden_dim = 16"), "{resolved}");
 
     for strategy in ["greedy", "sample:2", "multistart+aug8"] {
         let out = routeburn()
@@ -448,13 +449,7 @@ fn pointer_network_train_eval_solve() {
     // An attention-model config pointed at the pointer network's checkpoint: an error that
     // names the file, not a panic.
     let ckpt_config = run.join("config.toml");
-    std::fs::write(
-        &ckpt_config,
-        resolved
-            .replace("kind = \"ptrnet\"", "kind = \"gt-rl\"")
-            .replace("batches_per_epoch = 0", "batches_per_epoch = 2"),
-    )
-    .unwrap();
+    std::fs::write(&ckpt_config, attention_model_section(&resolved)).unwrap();
     let out = routeburn()
         .args(["eval", "--checkpoint"])
         .arg(&run)
@@ -465,10 +460,21 @@ fn pointer_network_train_eval_solve() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("model.bpk") && stderr.contains("gt-rl"),
+        stderr.contains("model.bpk") && stderr.contains("attention"),
         "{stderr}"
     );
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `config` with its `[model]` section replaced by the attention model's defaults.
+fn attention_model_section(config: &str) -> String {
+    let start = config.find("[model]").unwrap();
+    let end = start + config[start..].find("\n[").unwrap();
+    format!(
+        "{}[model]\nkind = \"attention\"\n{}",
+        &config[..start],
+        &config[end + 1..]
+    )
 }
 
 /// `compare-backends` with the default backend twice: the same seed, weights and inputs
@@ -480,7 +486,7 @@ fn compare_backends_same_backend_agrees_exactly() {
     std::fs::write(
         &config,
         "[problem]\nn = 8\n[model]\nembed_dim = 16\nnum_heads = 2\nnum_layers = 1\nfeed_forward_dim = 32\n\
-[training]\nepochs = 1\nbatch_size = 16\nbatches_per_epoch = 2\nlr = 1e-3\n\
+[training]\nepochs = 1\nbatch_size = 16\nlr = 1e-3\n[reinforce]\nbatches_per_epoch = 2\n\
 [validation]\nsize = 16\n",
     )
     .unwrap();

@@ -1,13 +1,14 @@
 //! Training runs end to end on a tiny config: every baseline, exact resume after a kill,
-//! the NaN guard, and config errors.
+//! the NaN guard, numbers pinned to the code before the trainer's restructuring, and
+//! config errors.
 
 use std::path::{Path, PathBuf};
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Tensor;
 use routeburn_model::Backend;
-use routeburn_trainer::config::{Config, ModelKind};
-use routeburn_trainer::training::{train, TrainOptions};
+use routeburn_trainer::config::{Config, ModelConfig};
+use routeburn_trainer::{train, TrainOptions};
 
 const TINY: &str = r#"
 [problem]
@@ -22,9 +23,11 @@ feed_forward_dim = 32
 [training]
 epochs = 3
 batch_size = 16
-batches_per_epoch = 3
 lr = 1e-3
 seed = 5
+
+[reinforce]
+batches_per_epoch = 3
 baseline = "rollout"
 warmup_epochs = 1
 baseline_eval_size = 32
@@ -112,19 +115,9 @@ fn final_weights(run_dir: &Path, config: &Config) -> Vec<f32> {
     let device = Backend::default_compiled().unwrap().device().unwrap();
     let file = ckpt.join(latest.trim()).join("model.bpk");
     let mut c = Collect(vec![]);
-    match config.model.kind {
-        ModelKind::GtRl => config
-            .model
-            .attention_model()
-            .init(&device)
-            .load_file(file)
-            .visit(&mut c),
-        ModelKind::PtrNet => config
-            .model
-            .pointer_network()
-            .init(&device)
-            .load_file(file)
-            .visit(&mut c),
+    match &config.model {
+        ModelConfig::Attention(a) => a.model_config().init(&device).load_file(file).visit(&mut c),
+        ModelConfig::Pointer(p) => p.model_config().init(&device).load_file(file).visit(&mut c),
     }
     assert!(c.0.len() > 100);
     c.0
@@ -166,7 +159,7 @@ const TINY_PTRNET: &str = r#"
 n = 6
 
 [model]
-kind = "ptrnet"
+kind = "pointer"
 hidden_dim = 16
 
 [training]
@@ -255,13 +248,56 @@ fn nan_loss_stops_the_run_and_keeps_the_checkpoint() {
     let err = train(options(config, &dir, true, None)).unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("NaN") || msg.contains("inf"), "{msg}");
-    assert_eq!(err.exit_code(), 1);
+    assert_eq!(routeburn_trainer::cli::exit_code(&err), 1);
     assert_eq!(
         final_model(&dir),
         before,
         "the last good checkpoint is intact"
     );
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The metrics (loss, costs, gradient norm, validation) of short runs, as the code before
+/// the trainer was split into a run skeleton and training methods computed them (flex, this
+/// machine's CPU). A change that moves them changes what training does; if that is meant,
+/// say so and pin the new numbers. The tolerance covers other CPUs' SIMD rounding only.
+#[test]
+fn short_runs_keep_their_pinned_numbers() {
+    let _serial = serial();
+    let pinned = [
+        (
+            tiny("rollout"),
+            [
+                "1,4.918866,5.018008,0.424522,13.662384,1e-3,3.943310,,0",
+                "2,4.534924,3.869915,-4.836236,9.787572,1e-3,4.005531,,0",
+                "3,4.269258,3.739069,-4.225967,6.089743,1e-3,4.031029,,0",
+            ],
+        ),
+        (
+            Config::from_toml(TINY_PTRNET, "tiny pointer").unwrap(),
+            [
+                "1,3.176547,3.176547,1.002811,0.224353,5e-3,4.237921,,0",
+                "2,3.176547,3.176547,0.966575,0.116084,5e-3,4.184679,,0",
+                "3,3.176547,3.176547,0.974835,0.122978,5e-3,4.189320,,0",
+            ],
+        ),
+    ];
+    for (i, (config, expected)) in pinned.into_iter().enumerate() {
+        let dir = tmp(&format!("pinned-{i}"));
+        train(options(config, &dir, false, None)).unwrap();
+        let got = numbers(&dir);
+        assert_eq!(got.len(), expected.len());
+        for (g, e) in got.iter().zip(expected) {
+            for (a, b) in g.split(',').zip(e.split(',')) {
+                let close = match (a.parse::<f64>(), b.parse::<f64>()) {
+                    (Ok(x), Ok(y)) => (x - y).abs() <= 1e-3 * y.abs().max(1.0),
+                    _ => a == b,
+                };
+                assert!(close, "run {i}: got {g}, pinned {e}");
+            }
+        }
+        std::fs::remove_dir_all(dir).ok();
+    }
 }
 
 #[test]
@@ -302,13 +338,35 @@ fn every_shipped_config_parses() {
 fn config_errors_name_the_key() {
     let cases = [
         (
-            TINY.replace("batch_size = 16\nbatches", "batch_sise = 16\nbatches"),
+            TINY.replace("batch_size = 16", "batch_sise = 16"),
             "batch_sise",
         ),
         (TINY.replace("lr = 1e-3", "lr = -1.0"), "training.lr"),
         (
-            TINY.replace("batch_size = 16\nbatches", "batch_size = 0\nbatches"),
+            TINY.replace("batch_size = 16", "batch_size = 0"),
             "training.batch_size",
+        ),
+        (
+            TINY.replace("batches_per_epoch = 3", "batches_per_epoch = 0"),
+            "reinforce.batches_per_epoch",
+        ),
+        // Keys of the flat layout say where they went.
+        (
+            TINY.replace("seed = 5", "seed = 5\nbaseline = \"pomo\""),
+            "`training.baseline` moved to `reinforce.baseline`",
+        ),
+        (
+            TINY.replace("seed = 5", "seed = 5\nbatches_per_epoch = 4"),
+            "reinforce.batches_per_epoch",
+        ),
+        (
+            TINY_PTRNET.replace("hidden_dim = 16", "hidden_dim = 16\nlstm_layers = 2"),
+            "model.num_layers",
+        ),
+        // A key of the other model.
+        (
+            TINY_PTRNET.replace("hidden_dim = 16", "hidden_dim = 16\nembed_dim = 8"),
+            "embed_dim",
         ),
         (
             TINY.replace("num_heads = 2", "num_heads = 3"),

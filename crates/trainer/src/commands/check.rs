@@ -5,7 +5,7 @@ use clap::Args;
 use routeburn_cost::Metric;
 use routeburn_data::{read_sol, read_vrp};
 
-use crate::error::CliError;
+use crate::error::TrainError;
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
@@ -24,7 +24,7 @@ fn parse_metric(s: &str) -> Result<Metric, String> {
     s.parse()
 }
 
-pub fn run(args: CheckArgs) -> Result<ExitCode, CliError> {
+pub fn run(args: CheckArgs) -> Result<ExitCode, TrainError> {
     let instance = read_vrp(&args.instance)?;
     let sol = read_sol(&args.solution)?;
     let metric = args.metric.unwrap_or_else(|| instance.default_metric());

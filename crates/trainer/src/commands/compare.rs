@@ -20,12 +20,13 @@ use clap::Args;
 use routeburn_data::InstanceRng;
 use routeburn_model::{Backend, DecodeOptions, DeviceBatch};
 
-use crate::checkpoint::{record_error, save_module};
-use crate::config::{BaselineKind, Config, ModelKind};
-use crate::error::CliError;
+use crate::config::{BaselineKind, Config, ModelConfig, ModelKind};
+use crate::error::TrainError;
 use crate::evaluate::int_data_to_i64;
-use crate::metrics::{EpochMetrics, Phase};
-use crate::training::{train, training_device, TrainOptions, INIT_LOCK};
+use crate::run::checkpoint::{record_error, save_module};
+use crate::run::metrics::{EpochMetrics, Phase};
+use crate::run::skeleton::{seeded, training_device, TrainOptions};
+use crate::training::train;
 
 #[derive(Debug, Args)]
 pub struct CompareArgs {
@@ -61,9 +62,9 @@ struct BackendReport {
     actions: Vec<i64>,
 }
 
-pub fn run(args: CompareArgs) -> Result<ExitCode, CliError> {
+pub fn run(args: CompareArgs) -> Result<ExitCode, TrainError> {
     if args.steps == 0 {
-        return Err(CliError::Input("--steps must be at least 1".into()));
+        return Err(TrainError::Input("--steps must be at least 1".into()));
     }
     let backends = if args.backends.is_empty() {
         // Fastest-first order is for the default; a comparison reads better CPU-first.
@@ -73,15 +74,18 @@ pub fn run(args: CompareArgs) -> Result<ExitCode, CliError> {
     } else {
         args.backends
             .iter()
-            .map(|name| Backend::resolve(Some(name)).map_err(CliError::from))
+            .map(|name| Backend::resolve(Some(name)).map_err(TrainError::from))
             .collect::<Result<Vec<_>, _>>()?
     };
     let (config, config_dir) = match &args.config {
         Some(path) => (
-            Config::load_as(path, Some(ModelKind::GtRl))?,
+            Config::load_as(path, Some(ModelKind::Attention))?,
             path.parent().map(Path::to_path_buf),
         ),
-        None => (Config::embedded_default_as(Some(ModelKind::GtRl))?, None),
+        None => (
+            Config::embedded_default_as(Some(ModelKind::Attention))?,
+            None,
+        ),
     };
     let config = per_step_config(config, args.steps);
 
@@ -92,7 +96,7 @@ pub fn run(args: CompareArgs) -> Result<ExitCode, CliError> {
             true,
         ),
     };
-    std::fs::create_dir_all(&work_dir).map_err(|e| CliError::io(&work_dir, e))?;
+    std::fs::create_dir_all(&work_dir).map_err(|e| TrainError::io(&work_dir, e))?;
     let result = compare(&args, &backends, &config, config_dir, &work_dir);
     if remove_after {
         let _ = std::fs::remove_dir_all(&work_dir);
@@ -113,10 +117,11 @@ pub fn run(args: CompareArgs) -> Result<ExitCode, CliError> {
 fn per_step_config(mut config: Config, steps: usize) -> Config {
     let t = &mut config.training;
     t.epochs = steps;
-    t.batches_per_epoch = 1;
     t.lr_decay = 1.0;
-    if t.baseline == BaselineKind::Rollout {
-        t.baseline_eval_size = t.baseline_eval_size.min(t.batch_size);
+    let r = &mut config.reinforce;
+    r.batches_per_epoch = 1;
+    if r.baseline == BaselineKind::Rollout {
+        r.baseline_eval_size = r.baseline_eval_size.min(t.batch_size);
     }
     config.checkpointing.every_epochs = steps;
     config.checkpointing.keep_last = 1;
@@ -129,17 +134,23 @@ fn compare(
     config: &Config,
     config_dir: Option<PathBuf>,
     work_dir: &Path,
-) -> Result<Vec<BackendReport>, CliError> {
+) -> Result<Vec<BackendReport>, TrainError> {
     let reference = backends[0];
     let init_path = work_dir.join("initial.bpk");
+    let ModelConfig::Attention(attention) = &config.model else {
+        return Err(TrainError::Input(
+            "compare-backends compares the attention model".into(),
+        ));
+    };
+    let attention = attention.model_config();
     {
         let device = training_device(reference, config.training.precision)?;
-        let _guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        device.seed(config.training.seed);
-        let model = config.model.attention_model().init(&device);
+        let model = seeded(&device, Some(config.training.seed), || {
+            attention.init(&device)
+        });
         save_module(&model, &init_path, "initial weights")?;
     }
-    let generator = config.generator().map_err(CliError::Input)?;
+    let generator = config.generator()?;
     let agreement_batch = generator.sample_batch(
         &mut InstanceRng::new(config.validation.seed ^ 0x6167_7265),
         args.agreement_instances.max(1),
@@ -152,12 +163,9 @@ fn compare(
             config.training.epochs, config.training.batch_size
         );
         let device = training_device(backend, config.training.precision)?;
-        let model = {
-            let _guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-            config.model.attention_model().init(&device)
-        }
-        .try_load_file(&init_path)
-        .map_err(|e| record_error(&init_path, "initial weights", e))?;
+        let model = seeded(&device, None, || attention.init(&device))
+            .try_load_file(&init_path)
+            .map_err(|e| record_error(&init_path, "initial weights", e))?;
         let problem = DeviceBatch::upload(&agreement_batch, None, &device);
         let out = model.decode(&problem, &DecodeOptions::greedy());
         let mut data = Transaction::default()
@@ -170,7 +178,7 @@ fn compare(
             .next()
             .expect("log-likelihoods")
             .try_into_vec_as::<f32>()
-            .map_err(|e| CliError::Failed(format!("{backend}: log-likelihoods: {e:?}")))?;
+            .map_err(|e| TrainError::Failed(format!("{backend}: log-likelihoods: {e:?}")))?;
 
         reset_peak_rss();
         let run_dir = work_dir.join(backend.name());
@@ -239,7 +247,7 @@ fn render(reports: &[BackendReport], config: &Config, tolerance: f64) -> (String
     let _ = writeln!(
         s,
         "\nn = {}, batch {}, {} steps, baseline {}, seed {}; first step excluded from the timing (warm-up)\n",
-        config.problem.n, t.batch_size, t.epochs, format!("{:?}", t.baseline).to_lowercase(), t.seed
+        config.problem.n, t.batch_size, t.epochs, format!("{:?}", config.reinforce.baseline).to_lowercase(), t.seed
     );
     let _ = write!(s, "| backend | s/step | inst/s |");
     for p in Phase::step_phases() {
@@ -295,6 +303,19 @@ fn render(reports: &[BackendReport], config: &Config, tolerance: f64) -> (String
         let _ = writeln!(s, " {rss} | {diff} | {differing} | {verdict} |");
     }
 
+    s.push_str(&loss_table(reports, t.epochs));
+    if !all_agree {
+        let _ = writeln!(
+            s,
+            "\n{red}backends disagree beyond float tolerance: see the agreement column{reset}"
+        );
+    }
+    (s, all_agree)
+}
+
+/// Each step's loss (and train cost) on every backend, side by side.
+fn loss_table(reports: &[BackendReport], steps: usize) -> String {
+    let mut s = String::new();
     let _ = writeln!(s, "\nloss (train cost) per step:\n");
     let _ = write!(s, "| step |");
     for r in reports {
@@ -302,7 +323,7 @@ fn render(reports: &[BackendReport], config: &Config, tolerance: f64) -> (String
     }
     let _ = writeln!(s);
     let _ = writeln!(s, "|---|{}", "---|".repeat(reports.len()));
-    for i in 0..t.epochs {
+    for i in 0..steps {
         let _ = write!(s, "| {} |", i + 1);
         for r in reports {
             match r.steps.get(i) {
@@ -316,13 +337,7 @@ fn render(reports: &[BackendReport], config: &Config, tolerance: f64) -> (String
         }
         let _ = writeln!(s);
     }
-    if !all_agree {
-        let _ = writeln!(
-            s,
-            "\n{red}backends disagree beyond float tolerance: see the agreement column{reset}"
-        );
-    }
-    (s, all_agree)
+    s
 }
 
 /// Linux: resets the process's peak RSS ("5" to clear_refs), so the next reading covers

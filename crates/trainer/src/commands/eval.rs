@@ -8,9 +8,9 @@ use clap::Args;
 use routeburn_data::{read_jsonl, read_sol, read_vrp, Instance, InstanceRng};
 use routeburn_model::Backend;
 
-use crate::error::CliError;
+use crate::error::TrainError;
 use crate::evaluate::mean;
-use crate::inference::{solve_batch, Strategy, TrainedModel};
+use crate::inference::{solve_batch, Solved, Strategy, TrainedModel};
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
@@ -42,23 +42,23 @@ fn parse_strategy(s: &str) -> Result<Strategy, String> {
 }
 
 /// An instance to evaluate and the cost it is measured against.
-pub struct EvalItem {
+pub(crate) struct EvalItem {
     pub instance: Instance,
     pub reference: Option<f64>,
 }
 
 /// Reads a JSONL dataset or every `.vrp` in a directory (references from `.sol` files
 /// beside them).
-pub fn load_items(path: &Path) -> Result<(Vec<EvalItem>, bool), CliError> {
+pub(crate) fn load_items(path: &Path) -> Result<(Vec<EvalItem>, bool), TrainError> {
     if path.is_dir() {
         let mut files: Vec<PathBuf> = std::fs::read_dir(path)
-            .map_err(|e| CliError::io(path, e))?
+            .map_err(|e| TrainError::io(path, e))?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|e| e == "vrp"))
             .collect();
         files.sort();
         if files.is_empty() {
-            return Err(CliError::Input(format!(
+            return Err(TrainError::Input(format!(
                 "{}: no .vrp files",
                 path.display()
             )));
@@ -71,12 +71,15 @@ pub fn load_items(path: &Path) -> Result<(Vec<EvalItem>, bool), CliError> {
                     reference: reference_beside(f)?,
                 })
             })
-            .collect::<Result<Vec<_>, CliError>>()?;
+            .collect::<Result<Vec<_>, TrainError>>()?;
         Ok((items, true))
     } else {
         let records = read_jsonl(path)?;
         if records.is_empty() {
-            return Err(CliError::Input(format!("{}: no instances", path.display())));
+            return Err(TrainError::Input(format!(
+                "{}: no instances",
+                path.display()
+            )));
         }
         Ok((
             records
@@ -92,7 +95,7 @@ pub fn load_items(path: &Path) -> Result<(Vec<EvalItem>, bool), CliError> {
 }
 
 /// The stated cost of `NAME.sol` next to `NAME.vrp`, if there is one with a `Cost` line.
-pub fn reference_beside(vrp: &Path) -> Result<Option<f64>, CliError> {
+pub(crate) fn reference_beside(vrp: &Path) -> Result<Option<f64>, TrainError> {
     let sol = vrp.with_extension("sol");
     if !sol.exists() {
         return Ok(None);
@@ -100,48 +103,15 @@ pub fn reference_beside(vrp: &Path) -> Result<Option<f64>, CliError> {
     Ok(read_sol(&sol)?.cost)
 }
 
-pub fn run(args: EvalArgs) -> Result<ExitCode, CliError> {
+pub(crate) fn run(args: EvalArgs) -> Result<ExitCode, TrainError> {
     let backend = Backend::resolve(args.backend.as_deref())?;
     let device = backend.device()?;
     let trained = TrainedModel::load(&args.checkpoint, &device)?;
+    trained.announce();
     let (items, normalize) = load_items(&args.data)?;
-    let check_every = trained.config.training.decode_check_every;
-    let mut rng = InstanceRng::new(args.seed);
-
-    // Group by size (a batch needs one n), keeping the input order for the report.
-    let mut by_n: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for (i, it) in items.iter().enumerate() {
-        by_n.entry(it.instance.n()).or_default().push(i);
-    }
     let start = Instant::now();
-    let mut results = vec![None; items.len()];
-    for (n, idx) in by_n {
-        let rows_each = (if args.strategy.augment8 { 8 } else { 1 })
-            * args.strategy.samples.max(1)
-            * (if args.strategy.multi_start { n } else { 1 });
-        let chunk = (args.max_rows / rows_each).max(1);
-        for part in idx.chunks(chunk) {
-            let instances: Vec<&Instance> = part.iter().map(|&i| &items[i].instance).collect();
-            let solved = solve_batch(
-                &trained.model,
-                &instances,
-                args.strategy,
-                normalize,
-                None,
-                check_every,
-                &mut rng,
-                &device,
-            )?;
-            for (&i, s) in part.iter().zip(solved) {
-                results[i] = Some(s);
-            }
-        }
-    }
+    let results = solve_all(&args, &trained, &items, normalize, &device)?;
     let seconds = start.elapsed().as_secs_f64();
-    let results: Vec<_> = results
-        .into_iter()
-        .map(|r| r.expect("every instance solved"))
-        .collect();
 
     let costs: Vec<f64> = results.iter().map(|r| r.cost).collect();
     let gaps: Vec<f64> = items
@@ -165,26 +135,75 @@ pub fn run(args: EvalArgs) -> Result<ExitCode, CliError> {
     // Enough digits for slow strategies too (×8 multi-start at n = 100 is < 0.1/s).
     let digits = if rate >= 10.0 { 1 } else { 3 };
     println!("instances/s    {rate:.digits$}");
-
     if let Some(out) = &args.out {
-        let mut csv = String::from("name,n,cost,reference,gap_percent,routes\n");
-        for (it, r) in items.iter().zip(&results) {
-            let _ = writeln!(
-                csv,
-                "{},{},{:.6},{},{},{}",
-                it.instance.name(),
-                it.instance.n(),
-                r.cost,
-                it.reference.map_or(String::new(), |x| format!("{x}")),
-                it.reference.map_or(String::new(), |x| format!(
-                    "{:.4}",
-                    100.0 * (r.cost / x - 1.0)
-                )),
-                r.solution.routes.len()
-            );
-        }
-        crate::checkpoint::write_atomic(out, csv.as_bytes())?;
-        eprintln!("per-instance results in {}", out.display());
+        write_results(out, &items, &results)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Solves every item, in batches of one instance size of at most `--max-rows` decoder
+/// rows; results in the items' order.
+fn solve_all(
+    args: &EvalArgs,
+    trained: &TrainedModel,
+    items: &[EvalItem],
+    normalize: bool,
+    device: &burn::tensor::Device,
+) -> Result<Vec<Solved>, TrainError> {
+    let check_every = trained.config.training.decode_check_every;
+    let mut rng = InstanceRng::new(args.seed);
+    let mut by_n: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (i, it) in items.iter().enumerate() {
+        by_n.entry(it.instance.n()).or_default().push(i);
+    }
+    let mut results = vec![None; items.len()];
+    for (n, idx) in by_n {
+        let rows_each = (if args.strategy.augment8 { 8 } else { 1 })
+            * args.strategy.samples.max(1)
+            * (if args.strategy.multi_start { n } else { 1 });
+        let chunk = (args.max_rows / rows_each).max(1);
+        for part in idx.chunks(chunk) {
+            let instances: Vec<&Instance> = part.iter().map(|&i| &items[i].instance).collect();
+            let solved = solve_batch(
+                &trained.model,
+                &instances,
+                args.strategy,
+                normalize,
+                None,
+                check_every,
+                &mut rng,
+                device,
+            )?;
+            for (&i, s) in part.iter().zip(solved) {
+                results[i] = Some(s);
+            }
+        }
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| r.expect("every instance solved"))
+        .collect())
+}
+
+/// The per-instance CSV of `--out`.
+fn write_results(out: &Path, items: &[EvalItem], results: &[Solved]) -> Result<(), TrainError> {
+    let mut csv = String::from("name,n,cost,reference,gap_percent,routes\n");
+    for (it, r) in items.iter().zip(results) {
+        let _ = writeln!(
+            csv,
+            "{},{},{:.6},{},{},{}",
+            it.instance.name(),
+            it.instance.n(),
+            r.cost,
+            it.reference.map_or(String::new(), |x| format!("{x}")),
+            it.reference.map_or(String::new(), |x| format!(
+                "{:.4}",
+                100.0 * (r.cost / x - 1.0)
+            )),
+            r.solution.routes.len()
+        );
+    }
+    crate::atomic::write_atomic(out, csv.as_bytes())?;
+    eprintln!("per-instance results in {}", out.display());
+    Ok(())
 }

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use clap::{Args, ValueEnum};
 use routeburn_data::{write_jsonl, write_vrp, Generator, GeneratorConfig, InstanceRng, Record};
 
-use crate::error::CliError;
+use crate::error::TrainError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum GenFormat {
@@ -40,7 +40,7 @@ pub struct GenArgs {
     pub out: PathBuf,
 }
 
-pub fn run(args: GenArgs) -> Result<ExitCode, CliError> {
+pub fn run(args: GenArgs) -> Result<ExitCode, TrainError> {
     let n = args.n as usize;
     let generator = Generator::new(
         n,
@@ -50,20 +50,20 @@ pub fn run(args: GenArgs) -> Result<ExitCode, CliError> {
             max_demand: args.max_demand,
         },
     )
-    .map_err(|e| CliError::Input(format!("--n/--capacity/--min-demand/--max-demand: {e}")))?;
+    .map_err(|e| TrainError::Input(format!("--n/--capacity/--min-demand/--max-demand: {e}")))?;
     let mut rng = InstanceRng::new(args.seed);
     let instances =
         generator.sample_many(&mut rng, args.count, &format!("cvrp{n}_s{}_", args.seed));
     match args.format {
         GenFormat::Jsonl => {
             if let Some(parent) = args.out.parent().filter(|p| !p.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent).map_err(|e| CliError::io(parent, e))?;
+                std::fs::create_dir_all(parent).map_err(|e| TrainError::io(parent, e))?;
             }
             let records: Vec<Record> = instances.into_iter().map(Record::new).collect();
             write_jsonl(&args.out, &records)?;
         }
         GenFormat::Vrp => {
-            std::fs::create_dir_all(&args.out).map_err(|e| CliError::io(&args.out, e))?;
+            std::fs::create_dir_all(&args.out).map_err(|e| TrainError::io(&args.out, e))?;
             for inst in &instances {
                 write_vrp(inst, args.out.join(format!("{}.vrp", inst.name())))?;
             }

@@ -5,9 +5,9 @@ use std::time::Instant;
 use clap::Args;
 use routeburn_data::{label_instances, read_jsonl, write_jsonl, HeuristicConfig, Instance};
 
-use crate::error::CliError;
+use crate::error::TrainError;
 use crate::evaluate::mean;
-use crate::supervised::labelling_progress;
+use crate::run::progress::labelling_bar;
 
 #[derive(Debug, Args)]
 pub struct LabelArgs {
@@ -28,7 +28,7 @@ pub struct LabelArgs {
     pub threads: Option<usize>,
 }
 
-pub fn run(args: LabelArgs) -> Result<ExitCode, CliError> {
+pub fn run(args: LabelArgs) -> Result<ExitCode, TrainError> {
     let records = read_jsonl(&args.data)?;
     let instances: Vec<Instance> = records.iter().map(|r| r.instance.clone()).collect();
     let config = HeuristicConfig {
@@ -39,9 +39,9 @@ pub fn run(args: LabelArgs) -> Result<ExitCode, CliError> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(args.threads.unwrap_or(0))
         .build()
-        .map_err(|e| CliError::Input(format!("--threads: {e}")))?;
+        .map_err(|e| TrainError::Input(format!("--threads: {e}")))?;
     let threads = pool.current_num_threads();
-    let pb = labelling_progress(instances.len(), true);
+    let pb = labelling_bar(instances.len(), true);
     let start = Instant::now();
     let labels = pool.install(|| label_instances(&instances, &config, &|_| pb.inc(1)));
     let seconds = start.elapsed().as_secs_f64();

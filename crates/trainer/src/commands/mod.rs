@@ -1,8 +1,8 @@
-pub mod check;
-pub mod compare;
-pub mod eval;
-pub mod gen;
-pub mod label;
-pub mod plot;
-pub mod solve;
-pub mod train;
+pub(crate) mod check;
+pub(crate) mod compare;
+pub(crate) mod eval;
+pub(crate) mod gen;
+pub(crate) mod label;
+pub(crate) mod plot;
+pub(crate) mod solve;
+pub(crate) mod train;

@@ -3,7 +3,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::error::CliError;
+use crate::error::TrainError;
 use crate::plot::{plot_curves, read_curves};
 
 #[derive(Debug, Args)]
@@ -15,7 +15,7 @@ pub struct PlotArgs {
     pub out: Option<PathBuf>,
 }
 
-pub fn run(args: PlotArgs) -> Result<ExitCode, CliError> {
+pub fn run(args: PlotArgs) -> Result<ExitCode, TrainError> {
     let curves = read_curves(&args.run_dir.join("metrics.csv"))?;
     let out = args.out.unwrap_or_else(|| args.run_dir.join("curves.svg"));
     let title = format!("routeburn: {}", args.run_dir.display());

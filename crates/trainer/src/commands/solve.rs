@@ -8,7 +8,7 @@ use routeburn_data::{read_sol, read_vrp, write_sol, InstanceRng};
 use routeburn_model::Backend;
 
 use crate::commands::check::format_cost;
-use crate::error::CliError;
+use crate::error::TrainError;
 use crate::inference::{solve_batch, Strategy, TrainedModel};
 use crate::plot::plot_routes;
 
@@ -49,11 +49,12 @@ fn parse_metric(s: &str) -> Result<Metric, String> {
     s.parse()
 }
 
-pub fn run(args: SolveArgs) -> Result<ExitCode, CliError> {
+pub fn run(args: SolveArgs) -> Result<ExitCode, TrainError> {
     let backend = Backend::resolve(args.backend.as_deref())?;
     let device = backend.device()?;
     let trained = TrainedModel::load(&args.checkpoint, &device)?;
-    std::fs::create_dir_all(&args.out_dir).map_err(|e| CliError::io(&args.out_dir, e))?;
+    trained.announce();
+    std::fs::create_dir_all(&args.out_dir).map_err(|e| TrainError::io(&args.out_dir, e))?;
     let mut rng = InstanceRng::new(args.seed);
     println!("instance\tn\tcost\treference\tgap_percent\tseconds");
     // One bad instance does not stop the others; the exit status says something failed.
@@ -65,7 +66,7 @@ pub fn run(args: SolveArgs) -> Result<ExitCode, CliError> {
         }
     }
     if failures > 0 {
-        return Err(CliError::Input(format!(
+        return Err(TrainError::Input(format!(
             "{failures} of {} instances could not be solved",
             args.instances.len()
         )));
@@ -79,7 +80,7 @@ fn solve_one(
     trained: &TrainedModel,
     rng: &mut InstanceRng,
     device: &burn::tensor::Device,
-) -> Result<(), CliError> {
+) -> Result<(), TrainError> {
     let instance = read_vrp(path)?;
     let start = Instant::now();
     let solved = solve_batch(

@@ -4,9 +4,10 @@ use std::process::ExitCode;
 use clap::Args;
 use routeburn_model::Backend;
 
-use crate::config::{Config, ModelKind};
-use crate::error::CliError;
-use crate::training::{train, TrainOptions};
+use crate::config::{Config, ModelConfig, ModelKind};
+use crate::error::TrainError;
+use crate::run::skeleton::TrainOptions;
+use crate::training::train;
 
 #[derive(Debug, Args)]
 pub struct TrainArgs {
@@ -14,8 +15,9 @@ pub struct TrainArgs {
     /// about two minutes on 2 CPU cores.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Model to train; overrides the config's `model.kind`.
-    #[arg(long, value_parser = parse_model)]
+    /// Model to train; overrides the config's `model.kind` (with that model's default
+    /// settings when the config describes the other one).
+    #[arg(long, value_enum)]
     pub model: Option<ModelKind>,
     /// Run directory (default: a new folder under `runs/`).
     #[arg(long, conflicts_with = "resume")]
@@ -34,83 +36,35 @@ pub struct TrainArgs {
     pub quiet: bool,
 }
 
-fn parse_model(s: &str) -> Result<ModelKind, String> {
-    s.parse()
+/// What to train, where, and whether it continues an earlier run.
+struct Plan {
+    config: Config,
+    run_dir: PathBuf,
+    resume: bool,
+    /// The config file's directory, for relative paths inside it.
+    config_dir: Option<PathBuf>,
 }
 
-pub fn run(args: TrainArgs) -> Result<ExitCode, CliError> {
+pub(crate) fn run(args: TrainArgs) -> Result<ExitCode, TrainError> {
     let backend = Backend::resolve(args.backend.as_deref())?;
-    let (mut config, run_dir, resume, config_dir) = match &args.resume {
-        Some(dir) => {
-            let path = dir.join("config.toml");
-            if !path.exists() {
-                return Err(CliError::Input(format!(
-                    "--resume {}: not a run directory (no config.toml)",
-                    dir.display()
-                )));
-            }
-            (Config::load(&path)?, dir.clone(), true, None)
-        }
-        None => {
-            let (config, stem, dir) = match &args.config {
-                Some(path) => (
-                    Config::load_as(path, args.model)?,
-                    path.file_stem()
-                        .map_or("run".into(), |s| s.to_string_lossy().into_owned()),
-                    path.parent().map(Path::to_path_buf),
-                ),
-                None => (
-                    Config::embedded_default_as(args.model)?,
-                    "default".to_string(),
-                    None,
-                ),
-            };
-            let run_dir = match &args.run_dir {
-                Some(d) => d.clone(),
-                None => new_run_dir(Path::new("runs"), &stem)?,
-            };
-            (config, run_dir, false, dir)
-        }
-    };
-    if let Some(m) = args.model {
-        if resume && m != config.model.kind {
-            return Err(CliError::Input(format!(
-                "--model {m}: the run in {} trains `{}`",
-                run_dir.display(),
-                config.model.kind
-            )));
-        }
-        config.model.kind = m;
-    }
+    let mut plan = plan(&args)?;
     if let Some(e) = args.epochs {
         if e == 0 {
-            return Err(CliError::Input("--epochs must be at least 1".into()));
+            return Err(TrainError::Input("--epochs must be at least 1".into()));
         }
-        config.training.epochs = e;
+        plan.config.training.epochs = e;
     }
     if !args.quiet {
-        let batches = match config.model.kind {
-            ModelKind::GtRl => format!("{} batches", config.training.batches_per_epoch),
-            ModelKind::PtrNet => format!("passes over {} labels", config.supervised.labels),
-        };
-        eprintln!(
-            "training {} on {} ({} customers, {} epochs x {batches} x {}) in {}",
-            config.model.kind,
-            backend,
-            config.problem.n,
-            config.training.epochs,
-            config.training.batch_size,
-            run_dir.display()
-        );
+        announce(&plan, backend);
     }
     let summary = train(TrainOptions {
-        config,
-        run_dir,
+        config: plan.config,
+        run_dir: plan.run_dir,
         backend,
-        resume,
+        resume: plan.resume,
         stop_after_epochs: None,
         verbose: !args.quiet,
-        config_dir,
+        config_dir: plan.config_dir,
         init_weights: None,
     })?;
     if !args.quiet {
@@ -126,15 +80,83 @@ pub fn run(args: TrainArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `--resume DIR` continues that run with its own config; otherwise `--config` (or the
+/// embedded default) starts a new run in `--run-dir` (or a new folder under `runs/`).
+fn plan(args: &TrainArgs) -> Result<Plan, TrainError> {
+    if let Some(dir) = &args.resume {
+        let path = dir.join("config.toml");
+        if !path.exists() {
+            return Err(TrainError::Input(format!(
+                "--resume {}: not a run directory (no config.toml)",
+                dir.display()
+            )));
+        }
+        let config = Config::load_run(&path)?;
+        if let Some(m) = args.model.filter(|&m| m != config.model_kind()) {
+            return Err(TrainError::Input(format!(
+                "--model {m}: the run in {} trains the {} model",
+                dir.display(),
+                config.model_kind()
+            )));
+        }
+        return Ok(Plan {
+            config,
+            run_dir: dir.clone(),
+            resume: true,
+            config_dir: None,
+        });
+    }
+    let (config, stem, config_dir) = match &args.config {
+        Some(path) => (
+            Config::load_as(path, args.model)?,
+            path.file_stem()
+                .map_or("run".into(), |s| s.to_string_lossy().into_owned()),
+            path.parent().map(Path::to_path_buf),
+        ),
+        None => (
+            Config::embedded_default_as(args.model)?,
+            "default".to_string(),
+            None,
+        ),
+    };
+    let run_dir = match &args.run_dir {
+        Some(d) => d.clone(),
+        None => new_run_dir(Path::new("runs"), &stem)?,
+    };
+    Ok(Plan {
+        config,
+        run_dir,
+        resume: false,
+        config_dir,
+    })
+}
+
+fn announce(plan: &Plan, backend: Backend) {
+    let config = &plan.config;
+    let batches = match config.model {
+        ModelConfig::Attention(_) => format!("{} batches", config.reinforce.batches_per_epoch),
+        ModelConfig::Pointer(_) => format!("passes over {} labels", config.supervised.labels),
+    };
+    eprintln!(
+        "training the {} model on {} ({} customers, {} epochs x {batches} x {}) in {}",
+        config.model_kind(),
+        backend,
+        config.problem.n,
+        config.training.epochs,
+        config.training.batch_size,
+        plan.run_dir.display()
+    );
+}
+
 /// `runs/{stem}-NNN`, the first number not taken.
-fn new_run_dir(root: &Path, stem: &str) -> Result<PathBuf, CliError> {
+fn new_run_dir(root: &Path, stem: &str) -> Result<PathBuf, TrainError> {
     for i in 1..10_000 {
         let dir = root.join(format!("{stem}-{i:03}"));
         if !dir.exists() {
             return Ok(dir);
         }
     }
-    Err(CliError::Input(format!(
+    Err(TrainError::Input(format!(
         "{}: too many runs named {stem}",
         root.display()
     )))

@@ -5,7 +5,8 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::error::CliError;
+use crate::atomic::write_atomic;
+use crate::error::TrainError;
 
 /// Where the time of an epoch goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -161,13 +162,13 @@ impl EpochMetrics {
 }
 
 /// Appends a row to the run's metrics file, writing the header first for a new file.
-pub fn append_metrics(path: &Path, metrics: &EpochMetrics) -> Result<(), CliError> {
+pub(crate) fn append_metrics(path: &Path, metrics: &EpochMetrics) -> Result<(), TrainError> {
     let new = !path.exists();
     let mut f = OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
-        .map_err(|e| CliError::io(path, e))?;
+        .map_err(|e| TrainError::io(path, e))?;
     let mut text = String::new();
     if new {
         text.push_str(&EpochMetrics::header());
@@ -176,17 +177,17 @@ pub fn append_metrics(path: &Path, metrics: &EpochMetrics) -> Result<(), CliErro
     text.push_str(&metrics.csv_row());
     text.push('\n');
     f.write_all(text.as_bytes())
-        .map_err(|e| CliError::io(path, e))?;
-    f.sync_data().map_err(|e| CliError::io(path, e))
+        .map_err(|e| TrainError::io(path, e))?;
+    f.sync_data().map_err(|e| TrainError::io(path, e))
 }
 
 /// Keeps only the header and the rows of epochs `1..=keep_epochs` (after a resume, rows of
 /// epochs whose checkpoint was never written are dropped, so they are not duplicated).
-pub fn truncate_metrics(path: &Path, keep_epochs: usize) -> Result<(), CliError> {
+pub(crate) fn truncate_metrics(path: &Path, keep_epochs: usize) -> Result<(), TrainError> {
     if !path.exists() {
         return Ok(());
     }
-    let text = std::fs::read_to_string(path).map_err(|e| CliError::io(path, e))?;
+    let text = std::fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
     let mut out = String::new();
     for (i, line) in text.lines().enumerate() {
         let keep = i == 0
@@ -200,5 +201,5 @@ pub fn truncate_metrics(path: &Path, keep_epochs: usize) -> Result<(), CliError>
             out.push('\n');
         }
     }
-    crate::checkpoint::write_atomic(path, out.as_bytes())
+    write_atomic(path, out.as_bytes())
 }

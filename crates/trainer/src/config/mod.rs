@@ -1,0 +1,631 @@
+//! Training configuration: TOML files deserialised with serde. Each section has its
+//! defaults in its `Default` impl (the model sections take the model crate's); unknown
+//! keys, bad values and keys that moved are errors that name the file and the key.
+
+mod migrate;
+
+use std::path::{Path, PathBuf};
+
+use routeburn_data::HeuristicConfig;
+use routeburn_data::{Generator, GeneratorConfig};
+use routeburn_model::{
+    AttentionModelConfig, GraphEncoderConfig, Normalization, PointerNetworkConfig,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::error::TrainError;
+
+/// The embedded default config: `cargo xtask train` with no `--config`. Small enough to
+/// finish in about two minutes on 2 CPU cores while the validation cost visibly falls.
+pub const DEFAULT_CONFIG: &str = include_str!("../../../../configs/default.toml");
+
+/// A whole training config. `[model]` says which model (and so which training method:
+/// `[reinforce]` for the attention model, `[supervised]` for the pointer network).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub problem: ProblemConfig,
+    #[serde(default)]
+    pub model: ModelConfig,
+    #[serde(default)]
+    pub training: TrainingConfig,
+    #[serde(default)]
+    pub reinforce: ReinforceConfig,
+    #[serde(default)]
+    pub supervised: SupervisedConfig,
+    #[serde(default)]
+    pub validation: ValidationConfig,
+    #[serde(default)]
+    pub checkpointing: CheckpointConfig,
+    #[serde(default)]
+    pub logging: LoggingConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProblemConfig {
+    /// Customers per instance.
+    pub n: usize,
+    /// Vehicle capacity; default Kool's table (20/30/40/50 for n = 10/20/50/100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<u32>,
+    #[serde(default)]
+    pub generator: GeneratorConfig,
+}
+
+/// The two models, by the names the CLI, configs and README use: `attention` (Kool's
+/// attention model, trained with REINFORCE) and `pointer` (the LSTM pointer network,
+/// trained supervised on heuristic labels). The names before 0.2 (`gt-rl`, `ptrnet`) are
+/// still accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    /// The attention model, trained with REINFORCE.
+    #[default]
+    #[serde(alias = "gt-rl")]
+    #[value(alias = "gt-rl")]
+    Attention,
+    /// The LSTM pointer network, trained supervised on heuristic labels.
+    #[serde(alias = "ptrnet")]
+    #[value(alias = "ptrnet")]
+    Pointer,
+}
+
+impl std::fmt::Display for ModelKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Attention => "attention",
+            Self::Pointer => "pointer",
+        })
+    }
+}
+
+/// `[model]`: a section tagged by `kind`, holding only that model's settings. Defaults
+/// are the model crate's (`AttentionModelConfig`, `PointerNetworkConfig`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum ModelConfig {
+    Attention(AttentionConfig),
+    Pointer(PointerConfig),
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self::Attention(AttentionConfig::default())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AttentionConfig {
+    pub embed_dim: usize,
+    pub num_heads: usize,
+    pub num_layers: usize,
+    pub feed_forward_dim: usize,
+    pub normalization: Normalization,
+    pub tanh_clipping: f64,
+}
+
+impl Default for AttentionConfig {
+    fn default() -> Self {
+        let m = AttentionModelConfig::new();
+        Self {
+            embed_dim: m.encoder.embed_dim,
+            num_heads: m.encoder.num_heads,
+            num_layers: m.encoder.num_layers,
+            feed_forward_dim: m.encoder.feed_forward_dim,
+            normalization: m.encoder.normalization,
+            tanh_clipping: m.tanh_clipping,
+        }
+    }
+}
+
+impl AttentionConfig {
+    pub fn model_config(&self) -> AttentionModelConfig {
+        AttentionModelConfig::new()
+            .with_encoder(
+                GraphEncoderConfig::new()
+                    .with_embed_dim(self.embed_dim)
+                    .with_num_heads(self.num_heads)
+                    .with_num_layers(self.num_layers)
+                    .with_feed_forward_dim(self.feed_forward_dim)
+                    .with_normalization(self.normalization),
+            )
+            .with_tanh_clipping(self.tanh_clipping)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PointerConfig {
+    pub hidden_dim: usize,
+    /// Stacked LSTM layers of the encoder and of the decoder.
+    pub num_layers: usize,
+    pub dropout: f64,
+    pub tanh_clipping: f64,
+}
+
+impl Default for PointerConfig {
+    fn default() -> Self {
+        let m = PointerNetworkConfig::new();
+        Self {
+            hidden_dim: m.hidden_dim,
+            num_layers: m.num_layers,
+            dropout: m.dropout,
+            tanh_clipping: m.tanh_clipping,
+        }
+    }
+}
+
+impl PointerConfig {
+    pub fn model_config(&self) -> PointerNetworkConfig {
+        PointerNetworkConfig::new()
+            .with_hidden_dim(self.hidden_dim)
+            .with_num_layers(self.num_layers)
+            .with_dropout(self.dropout)
+            .with_tanh_clipping(self.tanh_clipping)
+    }
+}
+
+impl ModelConfig {
+    pub fn kind(&self) -> ModelKind {
+        match self {
+            Self::Attention(_) => ModelKind::Attention,
+            Self::Pointer(_) => ModelKind::Pointer,
+        }
+    }
+
+    /// The default settings of `kind`.
+    pub fn default_of(kind: ModelKind) -> Self {
+        match kind {
+            ModelKind::Attention => Self::Attention(AttentionConfig::default()),
+            ModelKind::Pointer => Self::Pointer(PointerConfig::default()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum BaselineKind {
+    /// Greedy rollout of a frozen copy, replaced after a one-sided paired t-test (Kool).
+    #[default]
+    Rollout,
+    /// Exponential moving average of the batch's mean cost.
+    Exponential,
+    /// POMO's shared baseline: the mean over the multi-start rollouts of each instance.
+    Pomo,
+}
+
+/// `[training]`: what every training method shares.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainingConfig {
+    pub epochs: usize,
+    pub batch_size: usize,
+    /// Adam learning rate.
+    pub lr: f64,
+    /// Multiply the learning rate by this after every epoch (1.0: constant).
+    pub lr_decay: f64,
+    /// Global gradient-norm clip (0: no clipping).
+    pub max_grad_norm: f64,
+    pub seed: u64,
+    /// Check whether every decode finished every this many steps (one device read each).
+    pub decode_check_every: usize,
+    /// Device float type: `f32` (default), or `bf16`/`f16` on the cuda backend only.
+    pub precision: Precision,
+}
+
+/// Kool et al.'s settings where they have one.
+impl Default for TrainingConfig {
+    fn default() -> Self {
+        Self {
+            epochs: 100,
+            batch_size: 512,
+            lr: 1e-4,
+            lr_decay: 1.0,
+            max_grad_norm: 1.0,
+            seed: 0,
+            decode_check_every: routeburn_model::DecodeOptions::DEFAULT_CHECK_EVERY,
+            precision: Precision::F32,
+        }
+    }
+}
+
+/// `[reinforce]`: how the attention model learns from its own sampled tours.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReinforceConfig {
+    /// Batches of freshly generated instances per epoch.
+    pub batches_per_epoch: usize,
+    pub baseline: BaselineKind,
+    /// β of the exponential baseline (also the rollout baseline's warm-up).
+    pub exp_beta: f64,
+    /// Epochs of exponential warm-up before the rollout baseline takes over.
+    pub warmup_epochs: usize,
+    /// Instances in the rollout baseline's evaluation set for the t-test (Kool: 10000).
+    pub baseline_eval_size: usize,
+    /// Significance level of the one-sided paired t-test.
+    pub baseline_alpha: f64,
+}
+
+impl Default for ReinforceConfig {
+    fn default() -> Self {
+        Self {
+            batches_per_epoch: 2500,
+            baseline: BaselineKind::Rollout,
+            exp_beta: 0.8,
+            warmup_epochs: 1,
+            baseline_eval_size: 10_000,
+            baseline_alpha: 0.05,
+        }
+    }
+}
+
+/// The float type of every tensor on the device. Burn has no autocast: `bf16`/`f16` make
+/// *all* device tensors (weights, activations, gradients, Adam state) that type; the host
+/// side (costs, advantages, metrics) stays f32/f64. Untested: no GPU has been available.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    F32,
+    Bf16,
+    F16,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ValidationConfig {
+    /// Generated validation instances (ignored when `file` is set).
+    pub size: usize,
+    /// A JSONL dataset with reference costs, e.g. `data/validation/cvrp20.jsonl`; relative
+    /// paths are resolved against the working directory, then the config's directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<PathBuf>,
+    /// Decode strategy: `greedy` (the default).
+    pub strategy: ValidationStrategy,
+    pub batch_size: usize,
+    /// Seed of the generated validation set.
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ValidationStrategy {
+    Greedy,
+    Multistart,
+}
+
+impl Default for ValidationConfig {
+    fn default() -> Self {
+        Self {
+            size: 1000,
+            file: None,
+            strategy: ValidationStrategy::Greedy,
+            batch_size: 500,
+            seed: 4321,
+        }
+    }
+}
+
+/// The pointer network's supervised training: labels from the classical heuristic and the
+/// teacher-forcing schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SupervisedConfig {
+    /// Labelled training instances (the seeds': 10000).
+    pub labels: usize,
+    /// Seed of the labelled instances and of the heuristic.
+    pub label_seed: u64,
+    /// A JSONL file of labelled instances: read when it exists, otherwise written after
+    /// labelling, so labels are computed once. Default: `labels.jsonl` in the run directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub labels_file: Option<PathBuf>,
+    /// Ruin-and-recreate rounds of the heuristic per instance (more: better labels, slower).
+    pub heuristic_rounds: usize,
+    /// Probability that a decoder step is fed the previous target rather than the
+    /// network's own previous choice.
+    pub teacher_forcing: f64,
+    /// Multiply `teacher_forcing` by this after every epoch (1.0: constant).
+    pub teacher_forcing_decay: f64,
+    /// At most this many batches per epoch; 0 (the default) is one full pass over the labels.
+    pub max_batches_per_epoch: usize,
+}
+
+impl Default for SupervisedConfig {
+    fn default() -> Self {
+        Self {
+            labels: 10_000,
+            label_seed: 7,
+            labels_file: None,
+            heuristic_rounds: HeuristicConfig::default().perturbation_rounds,
+            teacher_forcing: 1.0,
+            teacher_forcing_decay: 1.0,
+            max_batches_per_epoch: 0,
+        }
+    }
+}
+
+impl SupervisedConfig {
+    /// The heuristic settings of the labels.
+    pub fn heuristic(&self) -> HeuristicConfig {
+        HeuristicConfig {
+            perturbation_rounds: self.heuristic_rounds,
+            seed: self.label_seed,
+            ..HeuristicConfig::default()
+        }
+    }
+
+    /// The teacher-forcing ratio of `epoch` (0-based).
+    pub fn teacher_forcing_at(&self, epoch: usize) -> f64 {
+        self.teacher_forcing * self.teacher_forcing_decay.powi(epoch as i32)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Sub-directory of the run directory that holds checkpoints.
+    pub dir: PathBuf,
+    /// Write a checkpoint every this many epochs (the last epoch always gets one).
+    pub every_epochs: usize,
+    /// How many checkpoints to keep (older ones are deleted).
+    pub keep_last: usize,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self {
+            dir: PathBuf::from("checkpoints"),
+            every_epochs: 1,
+            keep_last: 2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoggingConfig {
+    /// Show a progress bar (only when stderr is a terminal).
+    pub progress: bool,
+    /// Print the per-epoch summary with the phase breakdown.
+    pub summary: bool,
+}
+
+impl Default for LoggingConfig {
+    fn default() -> Self {
+        Self {
+            progress: true,
+            summary: true,
+        }
+    }
+}
+
+/// A value no type can rule out, named by its key.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("`{key}` must be {expected}, got {found}")]
+pub struct InvalidValue {
+    pub key: &'static str,
+    pub expected: &'static str,
+    pub found: String,
+}
+
+fn check<T: std::fmt::Display>(
+    ok: bool,
+    key: &'static str,
+    expected: &'static str,
+    found: T,
+) -> Result<(), InvalidValue> {
+    if ok {
+        Ok(())
+    } else {
+        Err(InvalidValue {
+            key,
+            expected,
+            found: found.to_string(),
+        })
+    }
+}
+
+fn positive(key: &'static str, v: usize) -> Result<(), InvalidValue> {
+    check(v > 0, key, "at least 1", v)
+}
+
+fn finite_positive(key: &'static str, v: f64) -> Result<(), InvalidValue> {
+    check(v.is_finite() && v > 0.0, key, "a finite number > 0", v)
+}
+
+impl Config {
+    /// Parses TOML text; `origin` names the file (or "embedded default config") in errors.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, TrainError> {
+        Self::from_toml_as(text, origin, None)
+    }
+
+    /// Like [`Config::from_toml`], as model `kind` (the command line's `--model`): a
+    /// `[model]` section of another kind is replaced by `kind`'s defaults.
+    pub fn from_toml_as(
+        text: &str,
+        origin: &str,
+        kind: Option<ModelKind>,
+    ) -> Result<Self, TrainError> {
+        let mut table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| TrainError::config(origin, e.to_string().trim_end()))?;
+        migrate::reject_moved_keys(&table).map_err(|m| TrainError::config(origin, m))?;
+        migrate::set_model_kind(&mut table, kind);
+        Self::from_table(table, origin)
+    }
+
+    fn from_table(table: toml::Table, origin: &str) -> Result<Self, TrainError> {
+        let config: Config = table
+            .try_into()
+            .map_err(|e: toml::de::Error| TrainError::config(origin, e.to_string().trim_end()))?;
+        config
+            .validate()
+            .map_err(|e| TrainError::config(origin, e.to_string()))?;
+        Ok(config)
+    }
+
+    pub fn load(path: &Path) -> Result<Self, TrainError> {
+        Self::load_as(path, None)
+    }
+
+    /// [`Config::load`] as model `kind`, see [`Config::from_toml_as`].
+    pub fn load_as(path: &Path, kind: Option<ModelKind>) -> Result<Self, TrainError> {
+        let text = std::fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
+        Self::from_toml_as(&text, &path.display().to_string(), kind)
+    }
+
+    /// The `config.toml` of a run directory. Runs written before the sectioned layout
+    /// (their config has `training.baseline`) are migrated on the fly.
+    pub fn load_run(path: &Path) -> Result<Self, TrainError> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
+        let mut table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| TrainError::config(&origin, e.to_string().trim_end()))?;
+        migrate::migrate_flat_layout(&mut table);
+        migrate::set_model_kind(&mut table, None);
+        Self::from_table(table, &origin)
+    }
+
+    /// The embedded default config, as `kind` when given.
+    pub fn embedded_default_as(kind: Option<ModelKind>) -> Result<Self, TrainError> {
+        Self::from_toml_as(DEFAULT_CONFIG, "embedded default config", kind)
+    }
+
+    pub fn embedded_default() -> Self {
+        Self::from_toml(DEFAULT_CONFIG, "embedded default config")
+            .expect("the embedded default config is valid (tested)")
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("configs serialise")
+    }
+
+    pub fn model_kind(&self) -> ModelKind {
+        self.model.kind()
+    }
+
+    /// The instance generator the problem section describes.
+    pub fn generator(&self) -> Result<Generator, TrainError> {
+        Generator::new(
+            self.problem.n,
+            self.problem.capacity,
+            self.problem.generator.clone(),
+        )
+        .map_err(|e| TrainError::Input(format!("problem: {e}")))
+    }
+
+    /// Checks every value a type cannot; each error names the key.
+    pub fn validate(&self) -> Result<(), InvalidValue> {
+        positive("problem.n", self.problem.n)?;
+        if let Err(e) = self.generator() {
+            return Err(InvalidValue {
+                key: "problem",
+                expected: "a valid generator",
+                found: e.to_string(),
+            });
+        }
+        self.model.validate()?;
+        let t = &self.training;
+        positive("training.epochs", t.epochs)?;
+        positive("training.batch_size", t.batch_size)?;
+        finite_positive("training.lr", t.lr)?;
+        finite_positive("training.lr_decay", t.lr_decay)?;
+        check(
+            t.max_grad_norm.is_finite() && t.max_grad_norm >= 0.0,
+            "training.max_grad_norm",
+            ">= 0 (0 disables clipping)",
+            t.max_grad_norm,
+        )?;
+        positive("training.decode_check_every", t.decode_check_every)?;
+        match self.model_kind() {
+            ModelKind::Attention => self.reinforce.validate()?,
+            ModelKind::Pointer => positive("supervised.labels", self.supervised.labels)?,
+        }
+        self.supervised.validate()?;
+        let v = &self.validation;
+        if v.file.is_none() {
+            positive("validation.size", v.size)?;
+        }
+        positive("validation.batch_size", v.batch_size)?;
+        positive(
+            "checkpointing.every_epochs",
+            self.checkpointing.every_epochs,
+        )?;
+        positive("checkpointing.keep_last", self.checkpointing.keep_last)
+    }
+}
+
+impl ModelConfig {
+    fn validate(&self) -> Result<(), InvalidValue> {
+        match self {
+            Self::Attention(m) => {
+                positive("model.embed_dim", m.embed_dim)?;
+                positive("model.num_heads", m.num_heads)?;
+                positive("model.num_layers", m.num_layers)?;
+                positive("model.feed_forward_dim", m.feed_forward_dim)?;
+                check(
+                    m.embed_dim.is_multiple_of(m.num_heads),
+                    "model.embed_dim",
+                    "divisible by `model.num_heads`",
+                    format!("{} with {} heads", m.embed_dim, m.num_heads),
+                )?;
+                finite_positive("model.tanh_clipping", m.tanh_clipping)
+            }
+            Self::Pointer(m) => {
+                positive("model.hidden_dim", m.hidden_dim)?;
+                positive("model.num_layers", m.num_layers)?;
+                check(
+                    (0.0..1.0).contains(&m.dropout),
+                    "model.dropout",
+                    "in [0, 1)",
+                    m.dropout,
+                )?;
+                finite_positive("model.tanh_clipping", m.tanh_clipping)
+            }
+        }
+    }
+}
+
+impl ReinforceConfig {
+    fn validate(&self) -> Result<(), InvalidValue> {
+        positive("reinforce.batches_per_epoch", self.batches_per_epoch)?;
+        check(
+            (0.0..1.0).contains(&self.exp_beta),
+            "reinforce.exp_beta",
+            "in [0, 1)",
+            self.exp_beta,
+        )?;
+        check(
+            self.baseline_alpha > 0.0 && self.baseline_alpha < 1.0,
+            "reinforce.baseline_alpha",
+            "in (0, 1)",
+            self.baseline_alpha,
+        )?;
+        check(
+            self.baseline != BaselineKind::Rollout || self.baseline_eval_size >= 2,
+            "reinforce.baseline_eval_size",
+            "at least 2 for the t-test",
+            self.baseline_eval_size,
+        )
+    }
+}
+
+impl SupervisedConfig {
+    fn validate(&self) -> Result<(), InvalidValue> {
+        check(
+            (0.0..=1.0).contains(&self.teacher_forcing),
+            "supervised.teacher_forcing",
+            "in [0, 1]",
+            self.teacher_forcing,
+        )?;
+        check(
+            (0.0..=1.0).contains(&self.teacher_forcing_decay),
+            "supervised.teacher_forcing_decay",
+            "in [0, 1]",
+            self.teacher_forcing_decay,
+        )
+    }
+}

@@ -1,0 +1,212 @@
+//! REINFORCE for the attention model. Per batch the host and the device cross once each
+//! way:
+//! 1. generate instances on the CPU from the seeded generator;
+//! 2. upload coordinates, demands, capacities and sampling noise in one buffer;
+//! 3. sample a decode with gradients, and queue the baseline's device work (rollout);
+//! 4. download both decodes' actions and the previous step's loss and gradient norm in
+//!    one read;
+//! 5. validate and cost every tour with the CPU evaluator; the baseline values them;
+//! 6. upload the advantages: the loss is their product with the log-likelihoods.
+
+pub(crate) mod baseline;
+pub(crate) mod exponential;
+pub(crate) mod pomo;
+pub(crate) mod rollout;
+
+use burn::tensor::{Device, Tensor, TensorData, Transaction};
+use routeburn_data::{Batch, Generator};
+use routeburn_model::{AttentionModel, DecodeOptions, DecodeOutput, DeviceBatch, NoiseShape};
+
+use crate::config::{BaselineKind, Config, ModelConfig};
+use crate::error::TrainError;
+use crate::evaluate::{int_data_to_i64, validated_costs};
+use crate::reinforce::baseline::{Baseline, Tours};
+use crate::reinforce::exponential::ExponentialBaseline;
+use crate::reinforce::pomo::SharedBaseline;
+use crate::reinforce::rollout::RolloutBaseline;
+use crate::run::checkpoint::BaselineState;
+use crate::run::method::{RunRngs, Setup, StepContext, StepLoss, StepStats, TrainingMethod};
+use crate::run::metrics::{EpochMetrics, Phase};
+
+pub(crate) struct Reinforce {
+    generator: Generator,
+    batch_size: usize,
+    batches_per_epoch: usize,
+    sampling: DecodeOptions,
+    baseline: Box<dyn Baseline>,
+}
+
+/// The costs of a step's sampled tours and their baseline values.
+struct Valued {
+    costs: Vec<f64>,
+    baselines: Vec<f64>,
+}
+
+impl TrainingMethod for Reinforce {
+    type Model = AttentionModel;
+
+    fn init_model(config: &Config, device: &Device) -> Result<AttentionModel, TrainError> {
+        match &config.model {
+            ModelConfig::Attention(a) => Ok(a.model_config().init(device)),
+            other => Err(TrainError::Input(format!(
+                "REINFORCE trains the attention model, not the {} model",
+                other.kind()
+            ))),
+        }
+    }
+
+    fn start(setup: Setup, model: &AttentionModel) -> Result<Self, TrainError> {
+        let config = setup.config;
+        let generator = config.generator()?;
+        let baseline = baseline_for_run(&setup, &generator, model)?;
+        Ok(Self {
+            sampling: DecodeOptions::sample(1.0)
+                .with_multi_start(baseline.multi_start())
+                .with_check_every(config.training.decode_check_every),
+            generator,
+            batch_size: config.training.batch_size,
+            batches_per_epoch: config.reinforce.batches_per_epoch,
+            baseline,
+        })
+    }
+
+    fn steps_per_epoch(&self) -> usize {
+        self.batches_per_epoch
+    }
+
+    fn begin_epoch(&mut self, epoch: usize, _rngs: &mut RunRngs) {
+        self.baseline.begin_epoch(epoch);
+    }
+
+    fn step(&mut self, model: &AttentionModel, ctx: StepContext) -> Result<StepLoss, TrainError> {
+        let StepContext { times, rngs, .. } = ctx;
+        let batch = times.time(Phase::Generate, || {
+            self.generator
+                .sample_batch(&mut rngs.train, self.batch_size)
+        });
+        let rows = if self.sampling.multi_start {
+            batch.n
+        } else {
+            1
+        };
+        let noise = NoiseShape {
+            rows_per_instance: rows,
+        };
+        let problem = times.time(Phase::Upload, || {
+            DeviceBatch::upload(&batch, Some((noise, &mut rngs.noise)), ctx.device)
+        });
+        let sampled = times.time(Phase::Forward, || model.decode(&problem, &self.sampling));
+        let baseline_tours = times.time(Phase::Baseline, || self.baseline.decode(&problem));
+        let valued = times.time(Phase::DownloadCost, || {
+            self.download_and_value(
+                &batch,
+                &sampled,
+                baseline_tours,
+                ctx.stats,
+                ctx.epoch,
+                ctx.step,
+            )
+        })?;
+        let loss = times.time(Phase::Backward, || {
+            let advantage: Vec<f32> = (valued.costs.iter().zip(&valued.baselines))
+                .map(|(c, b)| (c - b) as f32)
+                .collect();
+            let r = advantage.len();
+            let advantage = Tensor::<1>::from_data(TensorData::new(advantage, [r]), ctx.device);
+            (advantage * sampled.log_likelihood).mean() // [1]
+        });
+        Ok(StepLoss {
+            loss,
+            cost_sum: valued.costs.iter().sum(),
+            baseline_sum: valued.baselines.iter().sum(),
+            rows: valued.costs.len(),
+            instances: batch.size,
+        })
+    }
+
+    fn end_epoch(&mut self, model: &AttentionModel, verbose: bool) -> Result<bool, TrainError> {
+        self.baseline.end_epoch(model, verbose)
+    }
+
+    fn save(&self, dir: &std::path::Path, state: &mut BaselineState) -> Result<(), TrainError> {
+        self.baseline.save(dir, state)
+    }
+
+    fn describe_costs(m: &EpochMetrics) -> String {
+        format!(
+            "train {:.4} | baseline {:.4}",
+            m.train_cost, m.baseline_cost
+        )
+    }
+}
+
+impl Reinforce {
+    /// The step's one device read (sampled tours, their summed log-likelihood, the
+    /// baseline's tours, the previous step's statistics), then costs and baseline values.
+    fn download_and_value(
+        &mut self,
+        batch: &Batch,
+        sampled: &DecodeOutput,
+        baseline_tours: Option<Tensor<2, burn::tensor::Int>>,
+        stats: &mut StepStats,
+        epoch: usize,
+        step: usize,
+    ) -> Result<Valued, TrainError> {
+        let mut tx = Transaction::default()
+            .register(sampled.actions.clone().without_autodiff())
+            .register(sampled.log_likelihood.clone().without_autodiff().sum());
+        let baseline_steps = baseline_tours.as_ref().map(|a| a.dims()[1]);
+        if let Some(a) = baseline_tours {
+            tx = tx.register(a);
+        }
+        let pending = stats.take_pending();
+        let has_pending = pending.is_some();
+        if let Some(p) = pending {
+            tx = tx.register(p);
+        }
+        let mut data = tx.execute().into_iter();
+        let actions = int_data_to_i64(data.next().expect("actions"));
+        let ll_sum: Vec<f32> = data
+            .next()
+            .expect("log-likelihood")
+            .try_into_vec_as::<f32>()
+            .map_err(|e| TrainError::Input(format!("log-likelihood: {e:?}")))?;
+        let baseline_actions =
+            baseline_steps.map(|_| int_data_to_i64(data.next().expect("baseline")));
+        // A policy with non-finite log-probabilities emits garbage; say why first.
+        if !ll_sum[0].is_finite() {
+            return Err(stats.non_finite("log-likelihood", ll_sum[0], epoch, step));
+        }
+        if has_pending {
+            stats.record(data.next().expect("stats"), epoch, step.saturating_sub(1))?;
+        }
+        let [_, steps] = sampled.actions.dims();
+        let rows = sampled.rows_per_instance;
+        let costs = validated_costs(batch, &actions, steps, rows)?;
+        let decoded = baseline_actions
+            .as_ref()
+            .zip(baseline_steps)
+            .map(|(a, s)| Tours {
+                actions: a,
+                steps: s,
+                rows_per_instance: 1,
+            });
+        let baselines = self.baseline.values(batch, &costs, rows, decoded)?;
+        Ok(Valued { costs, baselines })
+    }
+}
+
+/// The run's baseline, fresh (from the initial `model`) or restored from its checkpoint.
+fn baseline_for_run(
+    setup: &Setup,
+    generator: &Generator,
+    model: &AttentionModel,
+) -> Result<Box<dyn Baseline>, TrainError> {
+    let r = &setup.config.reinforce;
+    let state = setup.resume.map(|(_, s)| &s.baseline);
+    Ok(match r.baseline {
+        BaselineKind::Exponential => Box::new(ExponentialBaseline::restore(r.exp_beta, state)),
+        BaselineKind::Pomo => Box::new(SharedBaseline),
+        BaselineKind::Rollout => Box::new(RolloutBaseline::for_run(setup, generator, model)?),
+    })
+}

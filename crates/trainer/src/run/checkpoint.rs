@@ -1,0 +1,184 @@
+//! Checkpoints, written atomically: each is a directory `epoch-NNNN/` under the run's
+//! checkpoint directory, built under a temporary name and renamed into place, and a
+//! `latest` file (also replaced by rename) names the newest complete one. A run killed at
+//! any moment leaves the previous checkpoint intact.
+//!
+//! A checkpoint holds the model (`model.bpk`), the Adam state (`optimizer.bpk`), the
+//! rollout baseline's frozen model (`baseline.bpk`) and everything else needed to continue
+//! exactly (`state.json`: epoch, RNG states, baseline state, the config).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use burn::module::Module;
+
+use routeburn_data::InstanceRng;
+use serde::{Deserialize, Serialize};
+
+use crate::atomic::write_atomic;
+use crate::config::{Config, ModelKind};
+use crate::error::TrainError;
+
+pub(crate) const FORMAT_VERSION: u32 = 1;
+
+/// Everything but tensors that a resumed run needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct TrainState {
+    pub(crate) format_version: u32,
+    pub(crate) model_kind: ModelKind,
+    /// Epochs finished; the run resumes at this epoch index.
+    pub(crate) epochs_completed: usize,
+    pub(crate) train_rng: InstanceRng,
+    pub(crate) noise_rng: InstanceRng,
+    pub(crate) baseline: BaselineState,
+    pub(crate) elapsed_seconds: f64,
+    /// The resolved config the run was started with.
+    pub(crate) config_toml: String,
+}
+
+/// The baselines' state besides tensors; each baseline fills in its own fields.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct BaselineState {
+    pub(crate) exponential_value: Option<f64>,
+    /// Rollout baseline: the RNG that draws evaluation-set seeds, and the current set's seed.
+    pub(crate) rollout_rng: Option<InstanceRng>,
+    pub(crate) rollout_eval_seed: Option<u64>,
+}
+
+impl TrainState {
+    /// The state after epoch `epoch` (0-based) of a run of `config`.
+    pub(crate) fn after_epoch(
+        config: &Config,
+        epoch: usize,
+        train_rng: &InstanceRng,
+        noise_rng: &InstanceRng,
+        baseline: BaselineState,
+        elapsed_seconds: f64,
+    ) -> Self {
+        Self {
+            format_version: FORMAT_VERSION,
+            model_kind: config.model_kind(),
+            epochs_completed: epoch + 1,
+            train_rng: train_rng.clone(),
+            noise_rng: noise_rng.clone(),
+            baseline,
+            elapsed_seconds,
+            config_toml: config.to_toml(),
+        }
+    }
+}
+
+/// Saves `module`'s tensors to `path` (burnpack); `what` names it in errors.
+pub(crate) fn save_module<M: Module>(
+    module: &M,
+    path: &Path,
+    what: &str,
+) -> Result<(), TrainError> {
+    module
+        .clone()
+        .save_file(path)
+        .map_err(|e| record_error(path, &format!("{what} (saving)"), e))
+}
+
+/// The checkpoint directory of a run.
+pub(crate) struct Checkpoints {
+    pub(crate) dir: PathBuf,
+}
+
+pub(crate) const MODEL_FILE: &str = "model.bpk";
+pub(crate) const OPTIMIZER_FILE: &str = "optimizer.bpk";
+pub(crate) const BASELINE_FILE: &str = "baseline.bpk";
+pub(crate) const STATE_FILE: &str = "state.json";
+
+impl Checkpoints {
+    pub(crate) fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    /// Writes the checkpoint after `epochs_completed` epochs: `write` fills the given
+    /// (temporary) directory with the `.bpk` files and returns the state, which is added
+    /// beside them; then the directory is renamed into place and `latest` updated. Keeps
+    /// the newest `keep_last` checkpoints.
+    pub(crate) fn save(
+        &self,
+        epochs_completed: usize,
+        keep_last: usize,
+        write: impl FnOnce(&Path) -> Result<TrainState, TrainError>,
+    ) -> Result<PathBuf, TrainError> {
+        std::fs::create_dir_all(&self.dir).map_err(|e| TrainError::io(&self.dir, e))?;
+        let name = format!("epoch-{epochs_completed:04}");
+        let final_dir = self.dir.join(&name);
+        let tmp_dir = self.dir.join(format!(".{name}.tmp-{}", std::process::id()));
+        if tmp_dir.exists() {
+            std::fs::remove_dir_all(&tmp_dir).map_err(|e| TrainError::io(&tmp_dir, e))?;
+        }
+        std::fs::create_dir_all(&tmp_dir).map_err(|e| TrainError::io(&tmp_dir, e))?;
+        let state = write(&tmp_dir)?;
+        let json = serde_json::to_vec_pretty(&state).expect("state serialises");
+        write_atomic(&tmp_dir.join(STATE_FILE), &json)?;
+        for entry in std::fs::read_dir(&tmp_dir).map_err(|e| TrainError::io(&tmp_dir, e))? {
+            let path = entry.map_err(|e| TrainError::io(&tmp_dir, e))?.path();
+            File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| TrainError::io(&path, e))?;
+        }
+        if final_dir.exists() {
+            std::fs::remove_dir_all(&final_dir).map_err(|e| TrainError::io(&final_dir, e))?;
+        }
+        std::fs::rename(&tmp_dir, &final_dir).map_err(|e| TrainError::io(&final_dir, e))?;
+        write_atomic(&self.dir.join("latest"), name.as_bytes())?;
+        self.prune(keep_last)?;
+        Ok(final_dir)
+    }
+
+    fn prune(&self, keep_last: usize) -> Result<(), TrainError> {
+        let mut names: Vec<String> = std::fs::read_dir(&self.dir)
+            .map_err(|e| TrainError::io(&self.dir, e))?
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("epoch-"))
+            .collect();
+        names.sort();
+        let excess = names.len().saturating_sub(keep_last.max(1));
+        for old in &names[..excess] {
+            let p = self.dir.join(old);
+            std::fs::remove_dir_all(&p).map_err(|e| TrainError::io(&p, e))?;
+        }
+        Ok(())
+    }
+
+    /// The newest complete checkpoint and its state.
+    pub(crate) fn latest(&self) -> Result<(PathBuf, TrainState), TrainError> {
+        let latest = self.dir.join("latest");
+        let name = std::fs::read_to_string(&latest).map_err(|e| {
+            TrainError::checkpoint(&latest, format!("no checkpoint to resume from ({e})"))
+        })?;
+        let dir = self.dir.join(name.trim());
+        let state_path = dir.join(STATE_FILE);
+        let text = std::fs::read(&state_path).map_err(|e| TrainError::io(&state_path, e))?;
+        let state: TrainState = serde_json::from_slice(&text).map_err(|e| {
+            TrainError::checkpoint(
+                &state_path,
+                format!("not a routeburn checkpoint state: {e}"),
+            )
+        })?;
+        if state.format_version != FORMAT_VERSION {
+            return Err(TrainError::checkpoint(
+                &state_path,
+                format!(
+                    "checkpoint format {} is not supported (expected {FORMAT_VERSION})",
+                    state.format_version
+                ),
+            ));
+        }
+        Ok((dir, state))
+    }
+}
+
+/// Maps a Burn record error to a clear message naming the file.
+pub(crate) fn record_error(path: &Path, what: &str, e: impl std::fmt::Display) -> TrainError {
+    TrainError::checkpoint(
+        path,
+        format!("cannot load the {what} (is it a checkpoint of this model and config?): {e}"),
+    )
+}

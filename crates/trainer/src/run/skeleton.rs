@@ -1,0 +1,407 @@
+//! The run skeleton, generic over a [`TrainingMethod`]: it owns the run directory, the
+//! device, seeding, resume, the epoch loop, the backward pass, global-norm clipping and
+//! the Adam step, validation, metrics, progress and checkpoints. A method supplies only a
+//! step's loss (`reinforce::Reinforce`, `supervised::Supervised`).
+//!
+//! Every step's loss and gradient norm stay on the device until the next step reads the
+//! device anyway, so the NaN guard costs no sync; a NaN stops the run before the next
+//! checkpoint, so the last good one stays intact.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::module::Module;
+use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
+use burn::tensor::{Device, DeviceConfig, FloatDType, Tensor};
+use indicatif::ProgressBar;
+use routeburn_data::InstanceRng;
+use routeburn_model::Backend;
+
+use crate::atomic::write_atomic;
+use crate::clip::clip_global_norm;
+use crate::config::{Config, Precision};
+use crate::error::TrainError;
+use crate::run::checkpoint::{
+    record_error, save_module, BaselineState, Checkpoints, TrainState, MODEL_FILE, OPTIMIZER_FILE,
+};
+use crate::run::method::{RunRngs, Setup, StepContext, StepLoss, StepStats, TrainingMethod};
+use crate::run::metrics::{append_metrics, truncate_metrics, EpochMetrics, Phase, PhaseTimes};
+use crate::run::progress::{epoch_bar, print_summary};
+use crate::run::validation::ValidationSet;
+
+/// Burn's seed is global per backend: [`seeded`] holds this from seeding to the end of an
+/// initialisation, so runs in one process (tests) cannot interleave their draws.
+pub(crate) static INIT_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Seeds of the independent random streams, derived from `training.seed`.
+const TRAIN_STREAM: u64 = 0x7261_696e;
+const NOISE_STREAM: u64 = 0x6e6f_6973;
+
+/// Runs `f` holding [`INIT_LOCK`], after seeding Burn's RNG when `seed` is given.
+pub(crate) fn seeded<T>(device: &Device, seed: Option<u64>, f: impl FnOnce() -> T) -> T {
+    let _guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(seed) = seed {
+        device.seed(seed);
+    }
+    f()
+}
+
+/// How to run a training run.
+pub struct TrainOptions {
+    pub config: Config,
+    pub run_dir: PathBuf,
+    pub backend: Backend,
+    /// Continue from the run directory's latest checkpoint.
+    pub resume: bool,
+    /// Stop (as if killed) after this many epochs in total; for tests of resuming.
+    pub stop_after_epochs: Option<usize>,
+    /// Print progress and summaries.
+    pub verbose: bool,
+    /// Base directory for relative dataset paths in the config (the config's directory).
+    pub config_dir: Option<PathBuf>,
+    /// Start a fresh run from these weights (a burnpack file) instead of the seeded
+    /// initialisation: `compare-backends` gives every backend the same start.
+    pub init_weights: Option<PathBuf>,
+}
+
+/// What a finished run reports.
+#[derive(Debug, Clone)]
+pub struct TrainSummary {
+    pub run_dir: PathBuf,
+    pub epochs: Vec<EpochMetrics>,
+}
+
+/// The device of a run, with its float type set by `training.precision`.
+pub(crate) fn training_device(
+    backend: Backend,
+    precision: Precision,
+) -> Result<Device, TrainError> {
+    let mut device = backend.device()?;
+    if precision != Precision::F32 {
+        if backend != Backend::Cuda {
+            return Err(TrainError::Input(format!(
+                "training.precision = {precision:?} needs the cuda backend (this run uses {backend})"
+            )));
+        }
+        let dtype = if precision == Precision::Bf16 {
+            FloatDType::BF16
+        } else {
+            FloatDType::F16
+        };
+        device
+            .configure(DeviceConfig::default().float_dtype(dtype))
+            .map_err(|e| TrainError::Input(format!("training.precision: {e:?}")))?;
+    }
+    Ok(device)
+}
+
+/// Runs (or resumes) a run of method `M` to completion.
+pub(crate) fn run<M: TrainingMethod>(opts: TrainOptions) -> Result<TrainSummary, TrainError> {
+    let t = &opts.config.training;
+    let last_epoch = opts.stop_after_epochs.map_or(t.epochs, |s| s.min(t.epochs));
+    let mut run = Run::<M>::start(opts)?;
+    let mut history = Vec::new();
+    for epoch in run.start_epoch..last_epoch {
+        history.push(run.epoch(epoch)?);
+    }
+    Ok(TrainSummary {
+        run_dir: run.opts.run_dir,
+        epochs: history,
+    })
+}
+
+/// A run in progress.
+struct Run<M: TrainingMethod> {
+    opts: TrainOptions,
+    /// The inference device, and the same with autodiff for training.
+    device: Device,
+    train_device: Device,
+    checkpoints: Checkpoints,
+    metrics_path: PathBuf,
+    model: M::Model,
+    optimizer: ModuleOptimizer,
+    rngs: RunRngs,
+    method: M,
+    validation: ValidationSet,
+    start_epoch: usize,
+    /// Wall time of earlier sessions of a resumed run, and when this one started.
+    elapsed_before: f64,
+    session_start: Instant,
+}
+
+/// Sums over an epoch's steps.
+#[derive(Default)]
+struct EpochTotals {
+    cost_sum: f64,
+    baseline_sum: f64,
+    rows: usize,
+    instances: usize,
+}
+
+impl<M: TrainingMethod> Run<M> {
+    /// Model, optimizer, random streams and the method's state: fresh, or from the latest
+    /// checkpoint.
+    fn start(opts: TrainOptions) -> Result<Self, TrainError> {
+        let config = &opts.config;
+        let t = &config.training;
+        let device = training_device(opts.backend, t.precision)?;
+        let train_device = device.clone().autodiff();
+        let checkpoints = Checkpoints::new(opts.run_dir.join(&config.checkpointing.dir));
+        let metrics_path = opts.run_dir.join("metrics.csv");
+        let mut model = seeded(&train_device, Some(t.seed), || {
+            M::init_model(config, &train_device)
+        })?;
+        let mut optimizer = AdamConfig::new().with_epsilon(1e-8).init();
+        let mut rngs = RunRngs {
+            train: InstanceRng::new(t.seed ^ TRAIN_STREAM),
+            noise: InstanceRng::new(t.seed ^ NOISE_STREAM),
+        };
+        let resumed = match opts.resume {
+            true => Some(latest_checkpoint(&checkpoints, config)?),
+            false => None,
+        };
+        match &resumed {
+            Some((dir, state)) => {
+                (model, optimizer) = load_training_state(model, optimizer, dir)?;
+                rngs.train = state.train_rng.clone();
+                rngs.noise = state.noise_rng.clone();
+            }
+            None => {
+                if let Some(path) = &opts.init_weights {
+                    model = model
+                        .try_load_file(path)
+                        .map_err(|e| record_error(path, "initial weights", e))?;
+                }
+                start_run_dir(&opts.run_dir, config, &metrics_path)?;
+            }
+        }
+        let method = M::start(
+            Setup {
+                config,
+                run_dir: &opts.run_dir,
+                config_dir: opts.config_dir.as_deref(),
+                device: &device,
+                verbose: opts.verbose,
+                resume: resumed.as_ref().map(|(d, s)| (d.as_path(), s)),
+            },
+            &model,
+        )?;
+        let start_epoch = resumed.as_ref().map_or(0, |(_, s)| s.epochs_completed);
+        if resumed.is_some() {
+            announce_resume(&opts, &metrics_path, start_epoch)?;
+        }
+        let validation =
+            ValidationSet::load(config, &config.generator()?, opts.config_dir.as_deref())?;
+        Ok(Self {
+            elapsed_before: resumed.as_ref().map_or(0.0, |(_, s)| s.elapsed_seconds),
+            opts,
+            device,
+            train_device,
+            checkpoints,
+            metrics_path,
+            model,
+            optimizer,
+            rngs,
+            method,
+            validation,
+            start_epoch,
+            session_start: Instant::now(),
+        })
+    }
+
+    /// One epoch: the steps, validation, the method's end of epoch, metrics, checkpoint.
+    fn epoch(&mut self, epoch: usize) -> Result<EpochMetrics, TrainError> {
+        let epoch_start = Instant::now();
+        let t = &self.opts.config.training;
+        let lr = t.lr * t.lr_decay.powi(epoch as i32);
+        self.method.begin_epoch(epoch, &mut self.rngs);
+        let mut times = PhaseTimes::default();
+        let mut stats = StepStats::new(self.checkpoints.dir.clone());
+        let mut totals = EpochTotals::default();
+        let steps = self.method.steps_per_epoch();
+        let progress = epoch_bar(&self.opts.config, epoch, steps, self.opts.verbose);
+        for step in 0..steps {
+            let ctx = StepContext {
+                epoch,
+                step,
+                device: &self.train_device,
+                rngs: &mut self.rngs,
+                times: &mut times,
+                stats: &mut stats,
+            };
+            let out = self.method.step(&self.model, ctx)?;
+            totals.add(&out);
+            self.learn(out.loss, lr, &mut times, &mut stats);
+            show_progress(&progress, step, &totals, &stats, epoch_start);
+        }
+        stats.flush(epoch, steps.saturating_sub(1))?;
+        if let Some(pb) = progress {
+            pb.finish_and_clear();
+        }
+        let train_seconds = epoch_start.elapsed().as_secs_f64();
+
+        let inference_model = self.model.valid();
+        let (val_cost, val_gap, baseline_updated) =
+            times.time(Phase::Validation, || -> Result<_, TrainError> {
+                let (cost, gap) = self.validation.evaluate(&inference_model, &self.device)?;
+                let updated = self.method.end_epoch(&inference_model, self.opts.verbose)?;
+                Ok((cost, gap, updated))
+            })?;
+        let metrics = EpochMetrics {
+            epoch: epoch + 1,
+            train_cost: totals.cost_sum / totals.rows as f64,
+            baseline_cost: totals.baseline_sum / totals.rows as f64,
+            loss: stats.mean_loss(),
+            grad_norm: stats.mean_grad_norm(),
+            lr,
+            val_cost,
+            val_gap,
+            baseline_updated,
+            instances_per_second: totals.instances as f64 / train_seconds,
+            seconds: epoch_start.elapsed().as_secs_f64(),
+            elapsed_seconds: self.elapsed_before + self.session_start.elapsed().as_secs_f64(),
+            phases: times,
+        };
+        self.finish_epoch(epoch, &metrics)?;
+        Ok(metrics)
+    }
+
+    /// Backward, global-norm clip and the Adam step; the loss and the norm are kept on the
+    /// device for the next step's read.
+    fn learn(&mut self, loss: Tensor<1>, lr: f64, times: &mut PhaseTimes, stats: &mut StepStats) {
+        let mut grads = times.time(Phase::Backward, || {
+            GradientsParams::from_grads(loss.backward(), &self.model)
+        });
+        times.time(Phase::Optimizer, || {
+            let max_norm = self.opts.config.training.max_grad_norm;
+            let norm = clip_global_norm(&self.model, &mut grads, max_norm)
+                .unwrap_or_else(|| Tensor::zeros([1], &self.device));
+            self.model = self.optimizer.step(lr, self.model.clone(), grads);
+            stats.set_pending(Tensor::cat(vec![loss.without_autodiff(), norm], 0));
+        });
+    }
+
+    /// The summary, the metrics row, then (at the checkpoint cadence and after the last
+    /// epoch) a checkpoint. Metrics come first: a resume drops rows past its checkpoint.
+    fn finish_epoch(&self, epoch: usize, metrics: &EpochMetrics) -> Result<(), TrainError> {
+        let config = &self.opts.config;
+        if self.opts.verbose && config.logging.summary {
+            print_summary(metrics, config.training.epochs, &M::describe_costs(metrics));
+        }
+        append_metrics(&self.metrics_path, metrics)?;
+        let is_last = metrics.epoch == config.training.epochs;
+        let every = config.checkpointing.every_epochs;
+        if !(metrics.epoch.is_multiple_of(every) || is_last) {
+            return Ok(());
+        }
+        self.checkpoints
+            .save(epoch + 1, config.checkpointing.keep_last, |dir| {
+                save_module(&self.model, &dir.join(MODEL_FILE), "model")?;
+                let p = dir.join(OPTIMIZER_FILE);
+                self.optimizer
+                    .save(&p)
+                    .map_err(|e| record_error(&p, "optimizer (saving)", e))?;
+                let mut baseline = BaselineState::default();
+                self.method.save(dir, &mut baseline)?;
+                Ok(TrainState::after_epoch(
+                    config,
+                    epoch,
+                    &self.rngs.train,
+                    &self.rngs.noise,
+                    baseline,
+                    metrics.elapsed_seconds,
+                ))
+            })
+            .map(|_| ())
+    }
+}
+
+impl EpochTotals {
+    fn add(&mut self, step: &StepLoss) {
+        self.cost_sum += step.cost_sum;
+        self.baseline_sum += step.baseline_sum;
+        self.rows += step.rows;
+        self.instances += step.instances;
+    }
+}
+
+fn show_progress(
+    progress: &Option<ProgressBar>,
+    step: usize,
+    totals: &EpochTotals,
+    stats: &StepStats,
+    epoch_start: Instant,
+) {
+    if let Some(pb) = progress {
+        pb.set_position(step as u64 + 1);
+        let per_second = totals.instances as f64 / epoch_start.elapsed().as_secs_f64();
+        pb.set_message(format!(
+            "{per_second:.0} inst/s, cost {:.4}, loss {:.4}",
+            totals.cost_sum / totals.rows.max(1) as f64,
+            stats.mean_loss()
+        ));
+    }
+}
+
+/// The model and optimizer of a checkpoint directory.
+fn load_training_state<T: Module>(
+    model: T,
+    optimizer: ModuleOptimizer,
+    dir: &Path,
+) -> Result<(T, ModuleOptimizer), TrainError> {
+    let model_path = dir.join(MODEL_FILE);
+    let model = model
+        .try_load_file(&model_path)
+        .map_err(|e| record_error(&model_path, "model", e))?;
+    let opt_path = dir.join(OPTIMIZER_FILE);
+    let optimizer = optimizer
+        .load(&opt_path)
+        .map_err(|e| record_error(&opt_path, "optimizer state", e))?;
+    Ok((model, optimizer))
+}
+
+/// The run's latest checkpoint, checked to be of the config's model.
+fn latest_checkpoint(
+    checkpoints: &Checkpoints,
+    config: &Config,
+) -> Result<(PathBuf, TrainState), TrainError> {
+    let (dir, state) = checkpoints.latest()?;
+    if state.model_kind != config.model_kind() {
+        return Err(TrainError::checkpoint(
+            &dir,
+            format!(
+                "checkpoint is of model `{}`, the run's config says `{}`",
+                state.model_kind,
+                config.model_kind()
+            ),
+        ));
+    }
+    Ok((dir, state))
+}
+
+/// Drops metrics rows past the checkpoint a run resumes from, and says so.
+fn announce_resume(
+    opts: &TrainOptions,
+    metrics_path: &Path,
+    start_epoch: usize,
+) -> Result<(), TrainError> {
+    truncate_metrics(metrics_path, start_epoch)?;
+    if opts.verbose {
+        eprintln!(
+            "resuming {} at epoch {}",
+            opts.run_dir.display(),
+            start_epoch + 1
+        );
+    }
+    Ok(())
+}
+
+/// A fresh run directory: the resolved config, and no metrics of an earlier run.
+fn start_run_dir(run_dir: &Path, config: &Config, metrics_path: &Path) -> Result<(), TrainError> {
+    std::fs::create_dir_all(run_dir).map_err(|e| TrainError::io(run_dir, e))?;
+    write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
+    if metrics_path.exists() {
+        std::fs::remove_file(metrics_path).map_err(|e| TrainError::io(metrics_path, e))?;
+    }
+    Ok(())
+}
