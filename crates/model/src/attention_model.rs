@@ -20,7 +20,7 @@ use burn::tensor::{Device, Tensor};
 use crate::decode::{repeat_rows, rollout, DecodeOptions, DecodeOutput, Policy};
 use crate::encoder::{per_node, GraphEncoder, GraphEncoderConfig};
 use crate::problem::DeviceBatch;
-use crate::state::CvrpState;
+use crate::state::{CvrpState, LoadArithmetic};
 
 #[derive(Config, Debug)]
 pub struct AttentionModelConfig {
@@ -29,6 +29,9 @@ pub struct AttentionModelConfig {
     /// C in the logit clipping C·tanh(·).
     #[config(default = 10.0)]
     pub tanh_clipping: f64,
+    /// How loads meet the capacity in the masks (Kool's published models: `Float32`).
+    #[config(default = "LoadArithmetic::Exact")]
+    pub load_arithmetic: LoadArithmetic,
 }
 
 impl AttentionModelConfig {
@@ -43,6 +46,7 @@ impl AttentionModelConfig {
             project_out: no_bias(d, d),
             num_heads: self.encoder.num_heads,
             tanh_clipping: self.tanh_clipping,
+            load_arithmetic: self.load_arithmetic,
         }
     }
 }
@@ -60,6 +64,8 @@ pub struct AttentionModel {
     project_out: Linear,
     num_heads: usize,
     tanh_clipping: f64,
+    #[module(skip)]
+    load_arithmetic: LoadArithmetic,
 }
 
 /// Everything the decoder reuses at every step, computed once per batch.
@@ -88,7 +94,7 @@ impl AttentionModel {
         let node_embeddings = self.encode(problem); // [B, N, d]
         let pre = self.precompute(repeat_rows(node_embeddings, options.rows_per_instance(n)));
         let temperature = options.temperature();
-        rollout(problem, options, |state| {
+        rollout(problem, options, self.load_arithmetic, |state| {
             self.step_log_probs(&pre, state, temperature)
         })
     }

@@ -3,7 +3,7 @@
 use burn::tensor::{Int, Tensor};
 
 use crate::problem::{max_decode_steps, DeviceBatch};
-use crate::state::CvrpState;
+use crate::state::{CvrpState, LoadArithmetic};
 
 /// How the next node is chosen at each step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -114,6 +114,7 @@ pub struct DecodeOutput {
 pub(crate) fn rollout(
     problem: &DeviceBatch,
     options: &DecodeOptions,
+    arithmetic: LoadArithmetic,
     mut next_log_probs: impl FnMut(&CvrpState) -> Tensor<2>,
 ) -> DecodeOutput {
     let [b, n_nodes, _] = problem.coords.dims();
@@ -121,9 +122,10 @@ pub(crate) fn rollout(
     let starts = options.rows_per_instance(n);
     let rows = b * starts;
     let device = problem.coords.device();
-    let mut state = CvrpState::new(
+    let mut state = CvrpState::with_arithmetic(
         repeat_rows(problem.demands.clone(), starts),
         repeat_rows(problem.capacity.clone(), starts),
+        arithmetic,
     );
 
     let max_steps = max_decode_steps(n);

@@ -23,4 +23,4 @@ pub use pointer_network::{
 };
 pub use problem::{max_decode_steps, DeviceBatch, DeviceTargets, NoiseShape};
 pub use routing_model::RoutingModel;
-pub use state::CvrpState;
+pub use state::{CvrpState, LoadArithmetic};

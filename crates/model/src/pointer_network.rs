@@ -40,7 +40,7 @@ use burn::tensor::{Bool, Device, Int, Tensor};
 use crate::decode::{repeat_rows, rollout, DecodeOptions, DecodeOutput, Policy};
 use crate::encoder::per_node;
 use crate::problem::DeviceBatch;
-use crate::state::CvrpState;
+use crate::state::{CvrpState, LoadArithmetic};
 
 /// Features per node; see the module docs for the list.
 pub const NODE_FEATURES: usize = 8;
@@ -174,7 +174,7 @@ impl PointerNetwork {
                 .collect::<Vec<_>>(),
         );
         let temperature = options.temperature();
-        rollout(problem, options, |state| {
+        rollout(problem, options, LoadArithmetic::Exact, |state| {
             let input = decoder_input(&encoded.static_features, state, state.last_node());
             let (log_p, states) =
                 self.step_log_probs(&encoded, input, state, decoder_states.take(), temperature);

@@ -9,12 +9,29 @@
 //!
 //! Loads are tracked in the instance's own integer demand units (stored as f32, exact
 //! below 2²⁴), so feasibility is decided exactly; the half-unit [`CAPACITY_TOLERANCE`]
-//! only guards against a backend that computes in lower precision.
+//! only guards against a backend that computes in lower precision. Kool's own code tracks
+//! loads as float32 sums of demand/capacity fractions instead, where an exact fit can
+//! round above 1 and be masked: [`LoadArithmetic::Float32`] reproduces that for the models
+//! trained with it.
 
 use burn::tensor::{Bool, Int, Tensor};
+use serde::{Deserialize, Serialize};
 
 /// Slack, in demand units, when comparing a demand with the remaining capacity.
 pub const CAPACITY_TOLERANCE: f32 = 0.5;
+
+/// How a route's load is compared with the vehicle capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadArithmetic {
+    /// In integer demand units: a customer that exactly fills the vehicle fits.
+    #[default]
+    Exact,
+    /// As Kool et al.'s code: demands as float32 fractions of the capacity, the load their
+    /// float32 sum, and a customer masked when `fraction + load > 1.0` in float32, so some
+    /// exact fits are masked. The published models were trained (and decode) with it.
+    Float32,
+}
 
 /// What the decoder needs to know about each instance of the batch at one step.
 #[derive(Debug, Clone)]
@@ -29,6 +46,8 @@ pub struct CvrpState {
     used_capacity: Tensor<2>,
     /// `[B, 1]` node the vehicle stands at.
     last_node: Tensor<2, Int>,
+    /// Slack when a load is compared with the capacity.
+    tolerance: f32,
 }
 
 impl CvrpState {
@@ -37,14 +56,31 @@ impl CvrpState {
     /// # Shapes
     /// - `demands`: `[B, N]`, `capacity`: `[B, 1]`
     pub fn new(demands: Tensor<2>, capacity: Tensor<2>) -> Self {
+        Self::with_arithmetic(demands, capacity, LoadArithmetic::Exact)
+    }
+
+    /// [`CvrpState::new`] with loads compared by `arithmetic`.
+    pub fn with_arithmetic(
+        demands: Tensor<2>,
+        capacity: Tensor<2>,
+        arithmetic: LoadArithmetic,
+    ) -> Self {
         let [b, n] = demands.dims();
         let device = demands.device();
+        let (demands, capacity, tolerance) = match arithmetic {
+            LoadArithmetic::Exact => (demands, capacity, CAPACITY_TOLERANCE),
+            LoadArithmetic::Float32 => {
+                let fractions = demands / capacity.clone(); // [B, N], correctly rounded
+                (fractions, capacity.ones_like(), 0.0)
+            }
+        };
         Self {
             visited: Tensor::<2>::zeros([b, n], &device).bool(),
             used_capacity: Tensor::zeros([b, 1], &device),
             last_node: Tensor::zeros([b, 1], &device),
             demands,
             capacity,
+            tolerance,
         }
     }
 
@@ -62,11 +98,13 @@ impl CvrpState {
     /// `[B, N]` true where a node may not be chosen next.
     pub fn mask(&self) -> Tensor<2, Bool> {
         let [b, n] = self.demands.dims();
-        let remaining = self.capacity.clone() - self.used_capacity.clone(); // [B, 1]
-        let too_heavy = self
-            .demands
-            .clone()
-            .greater(remaining.add_scalar(CAPACITY_TOLERANCE).expand([b, n])); // [B, N]
+        // `demand + load > capacity`, added in this order: Kool's float32 test exactly.
+        let too_heavy = (self.demands.clone() + self.used_capacity.clone().expand([b, n])).greater(
+            self.capacity
+                .clone()
+                .add_scalar(self.tolerance)
+                .expand([b, n]),
+        ); // [B, N]
         let customer_mask = self.visited.clone().bool_or(too_heavy).slice([0..b, 1..n]); // [B, n]
         let any_customer_feasible = customer_mask.clone().bool_not().any_dim(1); // [B, 1]
         let at_depot = self.last_node.clone().equal_elem(0); // [B, 1]

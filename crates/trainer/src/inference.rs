@@ -14,6 +14,7 @@ use routeburn_model::{DecodeOptions, DeviceBatch, NoiseShape, Policy, RoutingMod
 use crate::config::{Config, ModelConfig};
 use crate::error::TrainError;
 use crate::evaluate::{download_ints, validated_costs};
+use crate::import::{import, is_pytorch_file};
 use crate::run::checkpoint::{record_error, Checkpoints, MODEL_FILE};
 
 /// How to turn a model into solutions.
@@ -102,6 +103,17 @@ impl TrainedModel {
     /// Loads the latest checkpoint of the run in `run_dir` (or a checkpoint directory
     /// itself) as an inference model on `device`.
     pub(crate) fn load(run_dir: &Path, device: &Device) -> Result<Self, TrainError> {
+        if is_pytorch_file(run_dir) {
+            let imported = import(run_dir, device)?;
+            return Ok(Self {
+                model: RoutingModel::from(imported.model).valid(),
+                config: Config::with_model(
+                    imported.graph_size,
+                    ModelConfig::Attention(imported.config),
+                ),
+                checkpoint: run_dir.to_path_buf(),
+            });
+        }
         // Accept the run directory or one of its checkpoint directories.
         let (config_path, ckpt_dir) = if run_dir.join(MODEL_FILE).exists() {
             let run = run_dir.parent().and_then(Path::parent).unwrap_or(run_dir);

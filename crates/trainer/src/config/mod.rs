@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use routeburn_data::HeuristicConfig;
 use routeburn_data::{Generator, GeneratorConfig};
 use routeburn_model::{
-    AttentionModelConfig, GraphEncoderConfig, Normalization, PointerNetworkConfig,
+    AttentionModelConfig, GraphEncoderConfig, LoadArithmetic, Normalization, PointerNetworkConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -104,6 +104,9 @@ pub struct AttentionConfig {
     pub feed_forward_dim: usize,
     pub normalization: Normalization,
     pub tanh_clipping: f64,
+    /// How a route's load meets the capacity in the masks: `exact` (integer demand units),
+    /// or `float32` (Kool's code: float32 fractions of the capacity; imported models).
+    pub load_arithmetic: LoadArithmetic,
 }
 
 impl Default for AttentionConfig {
@@ -116,6 +119,7 @@ impl Default for AttentionConfig {
             feed_forward_dim: m.encoder.feed_forward_dim,
             normalization: m.encoder.normalization,
             tanh_clipping: m.tanh_clipping,
+            load_arithmetic: m.load_arithmetic,
         }
     }
 }
@@ -132,6 +136,7 @@ impl AttentionConfig {
                     .with_normalization(self.normalization),
             )
             .with_tanh_clipping(self.tanh_clipping)
+            .with_load_arithmetic(self.load_arithmetic)
     }
 }
 
@@ -497,6 +502,25 @@ impl Config {
     pub fn embedded_default() -> Self {
         Self::from_toml(DEFAULT_CONFIG, "embedded default config")
             .expect("the embedded default config is valid (tested)")
+    }
+
+    /// Every section's defaults around `model`, for `n` customers: what an imported model
+    /// runs with.
+    pub fn with_model(n: usize, model: ModelConfig) -> Self {
+        Self {
+            problem: ProblemConfig {
+                n,
+                capacity: None,
+                generator: GeneratorConfig::default(),
+            },
+            model,
+            training: TrainingConfig::default(),
+            reinforce: ReinforceConfig::default(),
+            supervised: SupervisedConfig::default(),
+            validation: ValidationConfig::default(),
+            checkpointing: CheckpointConfig::default(),
+            logging: LoggingConfig::default(),
+        }
     }
 
     pub fn to_toml(&self) -> String {
