@@ -72,6 +72,7 @@ fn train_step_on(c: &mut Criterion, backend: Backend) {
                     verbose: false,
                     config_dir: None,
                     init_weights: None,
+                    validate_initial: false,
                 })
                 .expect("training run");
                 let _ = std::fs::remove_dir_all(&run_dir);

@@ -31,6 +31,10 @@ pub(crate) enum Command {
     Eval(commands::eval::EvalArgs),
     /// Solve CVRPLIB .vrp instances with a trained model, writing .sol (and .svg) files.
     Solve(commands::solve::SolveArgs),
+    /// Import a PyTorch checkpoint of Kool et al.'s attention model into a run directory.
+    ///
+    /// `eval` and `solve` also take such a file as `--checkpoint` directly.
+    Import(commands::import::ImportArgs),
     /// Draw a run's training curves (SVG) from its metrics.csv.
     Plot(commands::plot::PlotArgs),
     /// Run the same training steps (seed, config, initial weights) on every compiled
@@ -82,6 +86,7 @@ fn run(cli: Cli) -> Result<ExitCode, TrainError> {
         Command::Eval(args) => commands::eval::run(args),
         Command::Solve(args) => commands::solve::run(args),
         Command::Plot(args) => commands::plot::run(args),
+        Command::Import(args) => commands::import::run(args),
         Command::CompareBackends(args) => commands::compare::run(args),
     }
 }

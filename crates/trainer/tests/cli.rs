@@ -541,3 +541,128 @@ fn compare_backends_same_backend_agrees_exactly() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown backend `tpu`"));
 }
+
+fn stdout_value(out: &std::process::Output, key: &str) -> String {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(key))
+        .unwrap_or_else(|| panic!("no `{key}` in {text}"));
+    line[key.len()..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// Kool's published CVRP20 model: evaluated straight from the `.pt`, imported into a run
+/// directory (the same gap), solved, and fine-tuned with `--init-from`, whose validation
+/// of the starting weights equals the imported model's.
+#[test]
+fn kool_checkpoint_import_eval_solve_init_from() {
+    let dir = tmp("kool");
+    let pt = data().join("kool-pretrained/cvrp_20/epoch-99.pt");
+    let val = data().join("validation/cvrp20.jsonl");
+    let eval = |checkpoint: &Path| {
+        let out = routeburn()
+            .args(["eval", "--checkpoint"])
+            .arg(checkpoint)
+            .arg("--data")
+            .arg(&val)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    let direct = eval(&pt);
+    // Kool's own greedy decode of this set: 4.92% (data/kool-pretrained).
+    assert_eq!(stdout_value(&direct, "mean gap"), "4.921%");
+
+    let run = dir.join("k20");
+    let out = routeburn()
+        .arg("import")
+        .arg(&pt)
+        .arg("--out")
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let imported = eval(&run);
+    assert_eq!(
+        stdout_value(&imported, "mean cost"),
+        stdout_value(&direct, "mean cost")
+    );
+    // Importing over a run is refused.
+    let again = routeburn()
+        .arg("import")
+        .arg(&pt)
+        .arg("--out")
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(2));
+
+    let sols = dir.join("sols");
+    let out = routeburn()
+        .args(["solve", "--strategy", "greedy", "--checkpoint"])
+        .arg(&pt)
+        .arg("--out-dir")
+        .arg(&sols)
+        .arg(data().join("cvrplib/A/A-n32-k5.vrp"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let check = routeburn()
+        .arg("check")
+        .arg(data().join("cvrplib/A/A-n32-k5.vrp"))
+        .arg(sols.join("A-n32-k5.sol"))
+        .output()
+        .unwrap();
+    assert!(check.status.success());
+
+    let config = dir.join("finetune.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[problem]\nn = 20\n[training]\nepochs = 1\nbatch_size = 16\nlr = 1e-5\n\
+[reinforce]\nbatches_per_epoch = 2\nbaseline = \"exponential\"\n\
+[validation]\nfile = \"{}\"\n[logging]\nprogress = false\n",
+            val.display()
+        ),
+    )
+    .unwrap();
+    let out = routeburn()
+        .args(["train", "--config"])
+        .arg(&config)
+        .arg("--init-from")
+        .arg(&run)
+        .arg("--run-dir")
+        .arg(dir.join("finetune"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let mean: f64 = stdout_value(&direct, "mean cost").parse().unwrap();
+    assert!(
+        stderr.contains(&format!("initial weights: val {mean:.4} (gap 4.92%)")),
+        "{stderr}"
+    );
+    let resolved = std::fs::read_to_string(dir.join("finetune/config.toml")).unwrap();
+    assert!(
+        resolved.contains("load_arithmetic = \"float32\""),
+        "{resolved}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -65,6 +65,7 @@ fn options(config: Config, run_dir: &Path, resume: bool, stop: Option<usize>) ->
         verbose: false,
         config_dir: None,
         init_weights: None,
+        validate_initial: false,
     }
 }
 

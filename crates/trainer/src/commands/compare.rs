@@ -192,6 +192,7 @@ fn compare(
             verbose: false,
             config_dir: config_dir.clone(),
             init_weights: Some(init_path.clone()),
+            validate_initial: false,
         })?;
         reports.push(BackendReport {
             backend,

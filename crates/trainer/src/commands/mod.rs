@@ -2,6 +2,7 @@ pub(crate) mod check;
 pub(crate) mod compare;
 pub(crate) mod eval;
 pub(crate) mod gen;
+pub(crate) mod import;
 pub(crate) mod label;
 pub(crate) mod plot;
 pub(crate) mod solve;

@@ -2,10 +2,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Args;
-use routeburn_model::Backend;
+use routeburn_model::{Backend, RoutingModel};
 
 use crate::config::{Config, ModelConfig, ModelKind};
 use crate::error::TrainError;
+use crate::inference::TrainedModel;
+use crate::run::checkpoint::save_module;
 use crate::run::skeleton::TrainOptions;
 use crate::training::train;
 
@@ -25,6 +27,11 @@ pub struct TrainArgs {
     /// Continue the run in this directory from its latest checkpoint, with its config.
     #[arg(long, conflicts_with = "config")]
     pub resume: Option<PathBuf>,
+    /// Start from a trained model's weights, with a fresh optimiser: a run directory, a
+    /// checkpoint directory, or a PyTorch checkpoint of Kool's attention model. Its
+    /// `[model]` section replaces the config's; its weights are validated before epoch 1.
+    #[arg(long, conflicts_with = "resume")]
+    pub init_from: Option<PathBuf>,
     /// Tensor backend: ndarray, flex or cuda (default: the best one compiled in).
     #[arg(long)]
     pub backend: Option<String>,
@@ -54,6 +61,10 @@ pub(crate) fn run(args: TrainArgs) -> Result<ExitCode, TrainError> {
         }
         plan.config.training.epochs = e;
     }
+    let init_weights = match &args.init_from {
+        Some(source) => Some(take_weights_from(source, &mut plan, backend, args.quiet)?),
+        None => None,
+    };
     if !args.quiet {
         announce(&plan, backend);
     }
@@ -65,7 +76,8 @@ pub(crate) fn run(args: TrainArgs) -> Result<ExitCode, TrainError> {
         stop_after_epochs: None,
         verbose: !args.quiet,
         config_dir: plan.config_dir,
-        init_weights: None,
+        validate_initial: init_weights.is_some(),
+        init_weights,
     })?;
     if !args.quiet {
         if let (Some(first), Some(last)) = (summary.epochs.first(), summary.epochs.last()) {
@@ -78,6 +90,32 @@ pub(crate) fn run(args: TrainArgs) -> Result<ExitCode, TrainError> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--init-from SOURCE`: the source's model section replaces the plan's, and its weights
+/// are written into the new run directory (`initial-weights.bpk`), whose path is returned.
+fn take_weights_from(
+    source: &Path,
+    plan: &mut Plan,
+    backend: Backend,
+    quiet: bool,
+) -> Result<PathBuf, TrainError> {
+    let trained = TrainedModel::load(source, &backend.device()?)?;
+    if !quiet && trained.config.model != plan.config.model {
+        eprintln!(
+            "--init-from {}: training its {} model ([model] of the config replaced)",
+            source.display(),
+            trained.config.model_kind()
+        );
+    }
+    plan.config.model = trained.config.model.clone();
+    std::fs::create_dir_all(&plan.run_dir).map_err(|e| TrainError::io(&plan.run_dir, e))?;
+    let path = plan.run_dir.join("initial-weights.bpk");
+    match &trained.model {
+        RoutingModel::Attention(m) => save_module(m, &path, "initial weights")?,
+        RoutingModel::Pointer(m) => save_module(m, &path, "initial weights")?,
+    }
+    Ok(path)
 }
 
 /// `--resume DIR` continues that run with its own config; otherwise `--config` (or the

@@ -46,6 +46,21 @@ pub(crate) struct BaselineState {
 }
 
 impl TrainState {
+    /// The state of a model imported from elsewhere: no epoch trained here, nothing to
+    /// resume (a run starts from it with `train --init-from`).
+    pub(crate) fn imported(config: &Config) -> Self {
+        Self {
+            format_version: FORMAT_VERSION,
+            model_kind: config.model_kind(),
+            epochs_completed: 0,
+            train_rng: InstanceRng::new(config.training.seed),
+            noise_rng: InstanceRng::new(config.training.seed),
+            baseline: BaselineState::default(),
+            elapsed_seconds: 0.0,
+            config_toml: config.to_toml(),
+        }
+    }
+
     /// The state after epoch `epoch` (0-based) of a run of `config`.
     pub(crate) fn after_epoch(
         config: &Config,

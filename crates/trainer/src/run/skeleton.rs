@@ -62,6 +62,9 @@ pub struct TrainOptions {
     /// Start a fresh run from these weights (a burnpack file) instead of the seeded
     /// initialisation: `compare-backends` gives every backend the same start.
     pub init_weights: Option<PathBuf>,
+    /// Validate the starting weights before the first epoch of a fresh run
+    /// (`train --init-from`).
+    pub validate_initial: bool,
 }
 
 /// What a finished run reports.
@@ -69,6 +72,8 @@ pub struct TrainOptions {
 pub struct TrainSummary {
     pub run_dir: PathBuf,
     pub epochs: Vec<EpochMetrics>,
+    /// Validation cost (and gap) of the starting weights, with `validate_initial`.
+    pub initial_validation: Option<(f64, Option<f64>)>,
 }
 
 /// The device of a run, with its float type set by `training.precision`.
@@ -100,6 +105,10 @@ pub(crate) fn run<M: TrainingMethod>(opts: TrainOptions) -> Result<TrainSummary,
     let t = &opts.config.training;
     let last_epoch = opts.stop_after_epochs.map_or(t.epochs, |s| s.min(t.epochs));
     let mut run = Run::<M>::start(opts)?;
+    let initial_validation = match run.opts.validate_initial && run.start_epoch == 0 {
+        true => Some(run.validate_initial()?),
+        false => None,
+    };
     let mut history = Vec::new();
     for epoch in run.start_epoch..last_epoch {
         history.push(run.epoch(epoch)?);
@@ -107,6 +116,7 @@ pub(crate) fn run<M: TrainingMethod>(opts: TrainOptions) -> Result<TrainSummary,
     Ok(TrainSummary {
         run_dir: run.opts.run_dir,
         epochs: history,
+        initial_validation,
     })
 }
 
@@ -207,6 +217,20 @@ impl<M: TrainingMethod> Run<M> {
             start_epoch,
             session_start: Instant::now(),
         })
+    }
+
+    /// The validation cost (and gap) of the weights the run starts from, printed.
+    fn validate_initial(&self) -> Result<(f64, Option<f64>), TrainError> {
+        let (cost, gap) = self
+            .validation
+            .evaluate(&self.model.valid(), &self.device)?;
+        if self.opts.verbose {
+            eprintln!(
+                "initial weights: val {cost:.4}{}",
+                gap.map_or(String::new(), |g| format!(" (gap {g:.2}%)"))
+            );
+        }
+        Ok((cost, gap))
     }
 
     /// One epoch: the steps, validation, the method's end of epoch, metrics, checkpoint.
@@ -354,6 +378,12 @@ fn load_training_state<T: Module>(
         .try_load_file(&model_path)
         .map_err(|e| record_error(&model_path, "model", e))?;
     let opt_path = dir.join(OPTIMIZER_FILE);
+    if !opt_path.exists() {
+        return Err(TrainError::checkpoint(
+            &opt_path,
+            "no optimizer state to resume with (a model from `routeburn import`? start a run from it with `train --init-from`)",
+        ));
+    }
     let optimizer = optimizer
         .load(&opt_path)
         .map_err(|e| record_error(&opt_path, "optimizer state", e))?;
