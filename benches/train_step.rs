@@ -68,6 +68,7 @@ fn train_step_on(c: &mut Criterion, backend: Backend) {
                     run_dir: run_dir.clone(),
                     backend,
                     resume: false,
+                    resume_from: None,
                     stop_after_epochs: None,
                     verbose: false,
                     config_dir: None,

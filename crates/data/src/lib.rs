@@ -23,4 +23,4 @@ pub use instance::Instance;
 pub use jsonl::{read_jsonl, write_jsonl, DatasetReader, Record};
 pub use labels::{canonical, label_instances};
 pub use sol::{format_sol, parse_sol, read_sol, write_sol, SolFile};
-pub use vrp::{format_vrp, parse_vrp, read_vrp, write_vrp};
+pub use vrp::{format_vrp, parse_vrp, read_vrp, write_vrp, MAX_NODES};

@@ -8,6 +8,11 @@
 //!
 //! A depot other than node 1 is moved to the front; customers keep their file order, so
 //! customer `k` of a `.sol` file is the `k`-th non-depot node of the `.vrp`.
+//!
+//! Sizes read from the file are checked before anything is allocated for them: DIMENSION
+//! is at most [`MAX_NODES`] and at most the number of lines the file has (every node needs
+//! a coordinate or weight line and a demand line), and an explicit weight section must
+//! hold its count of numbers before the matrix is built.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -22,6 +27,10 @@ pub fn read_vrp(path: impl AsRef<Path>) -> Result<Instance, DataError> {
     let text = std::fs::read_to_string(path).map_err(|e| DataError::io(path, e))?;
     parse_vrp(&text, path)
 }
+
+/// The most nodes (depot included) a `.vrp` may declare: CVRPLIB's largest instances
+/// (Arnold, Gendreau and Sörensen's Belgium set) have about 30,000.
+pub const MAX_NODES: usize = 100_000;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Section {
@@ -55,6 +64,7 @@ pub fn parse_vrp(text: &str, path: &Path) -> Result<Instance, DataError> {
     let mut section = Section::Header;
     let mut saw_eof = false;
 
+    let lines = text.lines().count();
     let need_dim = |dimension: Option<usize>, line: usize, what: &str| {
         dimension.ok_or_else(|| err(line, format!("{what} before DIMENSION")))
     };
@@ -171,6 +181,18 @@ pub fn parse_vrp(text: &str, path: &Path) -> Result<Instance, DataError> {
                     return Err(err(
                         line_no,
                         format!("DIMENSION is {d}; expected at least 2 (depot + one customer)"),
+                    ));
+                }
+                if d > MAX_NODES {
+                    return Err(err(
+                        line_no,
+                        format!("DIMENSION is {d}; routeburn reads at most {MAX_NODES} nodes"),
+                    ));
+                }
+                if d > lines {
+                    return Err(err(
+                        line_no,
+                        format!("DIMENSION is {d}, but the file has only {lines} lines (one per node at least)"),
                     ));
                 }
                 dimension = Some(d);
@@ -339,6 +361,19 @@ fn complete<T: Copy>(
 
 /// Expands an explicit weight section into a full row-major `[dim, dim]` matrix.
 fn expand_weights(format: &str, dim: usize, w: &[f64]) -> Result<Vec<f64>, String> {
+    // Count before building anything of size dim²: the numbers read bound the matrix.
+    let needed = match format {
+        "FULL_MATRIX" => dim * dim,
+        "UPPER_ROW" | "LOWER_ROW" => dim * (dim - 1) / 2,
+        "UPPER_DIAG_ROW" | "LOWER_DIAG_ROW" => dim * (dim + 1) / 2,
+        _ => w.len(),
+    };
+    if needed != w.len() {
+        return Err(format!(
+            "EDGE_WEIGHT_SECTION has {} numbers; {format} with DIMENSION {dim} needs {needed}",
+            w.len()
+        ));
+    }
     let pairs: Vec<(usize, usize)> = match format {
         "FULL_MATRIX" => (0..dim).flat_map(|i| (0..dim).map(move |j| (i, j))).collect(),
         "UPPER_ROW" => (0..dim).flat_map(|i| (i + 1..dim).map(move |j| (i, j))).collect(),

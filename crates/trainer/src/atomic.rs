@@ -1,5 +1,6 @@
-//! Files replaced whole: written beside their final name, synced, then renamed into place,
-//! so a reader (or a run killed half-way) sees the old file or the new one, never a mix.
+//! Files replaced whole: written beside their final name, synced, then renamed into place
+//! and the directory synced, so a reader (or a run killed half-way, or a power cut) sees
+//! the old file or the new one, never a mix or nothing.
 
 use std::fs::File;
 use std::io::Write;
@@ -10,9 +11,26 @@ use crate::error::TrainError;
 /// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    let io = |e| TrainError::io(&tmp, e);
-    let mut f = File::create(&tmp).map_err(io)?;
-    f.write_all(bytes).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(|e| TrainError::io(path, e))
+    let written = (|| {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(TrainError::io(&tmp, e));
+    }
+    std::fs::rename(&tmp, path).map_err(|e| TrainError::io(path, e))?;
+    sync_parent(path)
+}
+
+/// Makes a rename inside `path`'s directory durable.
+pub(crate) fn sync_parent(path: &Path) -> Result<(), TrainError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| TrainError::io(dir, e))
 }

@@ -67,6 +67,7 @@ pub fn main() -> ExitCode {
 pub fn exit_code(e: &TrainError) -> u8 {
     match e {
         TrainError::NonFinite { .. } | TrainError::Infeasible(_) | TrainError::Failed(_) => 1,
+        TrainError::Interrupted { signal, .. } => (128 + signal).clamp(1, 255) as u8,
         TrainError::Data(_)
         | TrainError::Backend(_)
         | TrainError::Config { .. }

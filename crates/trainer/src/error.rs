@@ -37,6 +37,9 @@ pub enum TrainError {
         batch: usize,
         checkpoints: PathBuf,
     },
+    /// SIGINT or SIGTERM stopped the run; what was saved and how to go on.
+    #[error("{message}")]
+    Interrupted { signal: i32, message: String },
     /// A decoded solution that the cost crate's validator rejects: a bug, never costed.
     #[error("the model emitted an infeasible solution: {0}")]
     Infeasible(String),

@@ -639,3 +639,32 @@ mod tests {
         let _ = TensorData::new(out.values, out.shape);
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::mutate::{config, mutated};
+
+    fn kool20() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/kool-pretrained/cvrp_20")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..config() })]
+
+        /// Any mutation of Kool's checkpoint imports or gives an error naming the file.
+        #[test]
+        fn pytorch_checkpoints_never_panic(bytes in mutated(vec![std::fs::read(kool20().join("epoch-99.pt")).unwrap()])) {
+            let dir = std::env::temp_dir().join(format!("routeburn-pt-fuzz-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::copy(kool20().join("args.json"), dir.join("args.json")).unwrap();
+            std::fs::write(dir.join("m.pt"), &bytes).unwrap();
+            let device = routeburn_model::Backend::default_compiled().unwrap().device().unwrap();
+            if let Err(e) = import(&dir.join("m.pt"), &device) {
+                prop_assert!(e.to_string().contains("m.pt") || e.to_string().contains("args.json"), "{}", e);
+            }
+        }
+    }
+}

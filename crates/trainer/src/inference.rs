@@ -51,9 +51,15 @@ impl FromStr for Strategy {
                         .ok_or_else(|| format!("`{p}`: expected sample:K with K >= 1"))?
                 }
                 other => {
+                    let suggestion = ["greedy", "multistart", "aug8", "sample:K"]
+                        .into_iter()
+                        .map(|c| (strsim::normalized_levenshtein(other, c), c))
+                        .max_by(|a, b| a.0.total_cmp(&b.0))
+                        .filter(|(score, _)| *score >= 0.5)
+                        .map_or(String::new(), |(_, c)| format!(" (did you mean `{c}`?)"));
                     return Err(format!(
-                        "unknown strategy `{other}`; expected greedy, sample:K, multistart, aug8 or a `+` combination"
-                    ))
+                        "unknown strategy `{other}`{suggestion}; expected greedy, sample:K, multistart, aug8 or a `+` combination"
+                    ));
                 }
             }
         }

@@ -20,6 +20,11 @@ mod run;
 mod supervised;
 mod training;
 
+/// Byte-level mutations of valid files, for the parsers' property tests.
+#[cfg(test)]
+#[path = "../../data/tests/common/mutate.rs"]
+mod mutate;
+
 pub use error::TrainError;
 pub use run::metrics::{EpochMetrics, Phase, PhaseTimes};
 pub use run::skeleton::{TrainOptions, TrainSummary};

@@ -539,7 +539,8 @@ fn compare_backends_same_backend_agrees_exactly() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown backend `tpu`"));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("invalid value 'tpu' for '--backends <BACKENDS>'"));
 }
 
 fn stdout_value(out: &std::process::Output, key: &str) -> String {
@@ -665,4 +666,315 @@ fn kool_checkpoint_import_eval_solve_init_from() {
         "{resolved}"
     );
     std::fs::remove_dir_all(&dir).ok();
+}
+
+const TINY_RUN: &str = "[problem]\nn = 6\n[model]\nembed_dim = 16\nnum_heads = 2\nnum_layers = 1\nfeed_forward_dim = 32\n\
+[training]\nepochs = 2\nbatch_size = 16\nlr = 1e-3\nseed = 3\n\
+[reinforce]\nbatches_per_epoch = 5\nbaseline = \"rollout\"\nbaseline_eval_size = 32\n\
+[validation]\nsize = 32\n[logging]\nprogress = false\n";
+
+/// `metrics.csv` without its wall-time columns.
+fn metric_numbers(run: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    text.lines()
+        .map(|l| l.split(',').take(9).collect::<Vec<_>>().join(","))
+        .collect()
+}
+
+/// Every parameter value of a run's latest checkpoint.
+fn run_weights(run: &Path) -> Vec<f32> {
+    use burn::module::{Module, ModuleVisitor, Param};
+    use burn::tensor::Tensor;
+    use routeburn_trainer::config::{Config, ModelConfig};
+    struct Collect(Vec<f32>);
+    impl ModuleVisitor for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.0
+                .extend(param.val().into_data().try_into_vec_as::<f32>().unwrap());
+        }
+    }
+    let config = Config::load_run(&run.join("config.toml")).unwrap();
+    let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
+    let file = run
+        .join("checkpoints")
+        .join(latest.trim())
+        .join("model.bpk");
+    let device = routeburn_model::Backend::default_compiled()
+        .unwrap()
+        .device()
+        .unwrap();
+    let mut c = Collect(vec![]);
+    match &config.model {
+        ModelConfig::Attention(a) => a.model_config().init(&device).load_file(file).visit(&mut c),
+        ModelConfig::Pointer(p) => p.model_config().init(&device).load_file(file).visit(&mut c),
+    }
+    c.0
+}
+
+fn train_run(config: &Path, run: &Path, env: &[(&str, &str)]) -> std::process::Output {
+    routeburn()
+        .args(["train", "--config"])
+        .arg(config)
+        .arg("--run-dir")
+        .arg(run)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
+
+fn resume(run: &Path, extra: &[&str]) -> std::process::Output {
+    routeburn()
+        .args(["train", "--resume"])
+        .arg(run)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// SIGINT and SIGTERM (through the real handlers, raised after the 7th of 10 steps) stop
+/// the run with 130/143 and a checkpoint of the epoch in progress; resuming ends with the
+/// metrics and weights of an uninterrupted run. A second Ctrl-C exits at once.
+#[test]
+fn interrupted_runs_resume_exactly() {
+    let dir = tmp("signals");
+    let config = dir.join("tiny.toml");
+    std::fs::write(&config, TINY_RUN).unwrap();
+    let whole = dir.join("whole");
+    assert!(train_run(&config, &whole, &[]).status.success());
+
+    for (signals, code) in [("INT", 130), ("TERM", 143)] {
+        let run = dir.join(format!("run-{signals}"));
+        let out = train_run(
+            &config,
+            &run,
+            &[
+                ("ROUTEBURN_RAISE_AFTER_STEPS", "7"),
+                ("ROUTEBURN_RAISE_SIGNALS", signals),
+            ],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{stderr}");
+        assert!(
+            stderr.contains("epoch 2, batch 2")
+                && stderr.contains("Resume with: routeburn train --resume"),
+            "{stderr}"
+        );
+        let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
+        assert_eq!(latest, "epoch-0001-step-000002");
+        let out = resume(&run, &[]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            metric_numbers(&run),
+            metric_numbers(&whole),
+            "{signals}: metrics"
+        );
+        assert_eq!(run_weights(&run), run_weights(&whole), "{signals}: weights");
+    }
+
+    // Supervised training abandons the epoch in progress and redoes it.
+    let pointer = dir.join("pointer.toml");
+    std::fs::write(
+        &pointer,
+        "[problem]\nn = 6\n[model]\nkind = \"pointer\"\nhidden_dim = 16\n\
+[training]\nepochs = 2\nbatch_size = 16\nlr = 1e-3\nseed = 3\n\
+[supervised]\nlabels = 32\nheuristic_rounds = 5\n[validation]\nsize = 32\n[logging]\nprogress = false\n",
+    )
+    .unwrap();
+    let (whole_pointer, run) = (dir.join("pointer-whole"), dir.join("pointer-run"));
+    assert!(train_run(&pointer, &whole_pointer, &[]).status.success());
+    let out = train_run(&pointer, &run, &[("ROUTEBURN_RAISE_AFTER_STEPS", "3")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("epoch 2 abandoned after 1 batches"),
+        "{stderr}"
+    );
+    assert!(resume(&run, &[]).status.success());
+    assert_eq!(metric_numbers(&run), metric_numbers(&whole_pointer));
+    assert_eq!(run_weights(&run), run_weights(&whole_pointer));
+
+    // A second Ctrl-C: no checkpoint of the epoch in progress, the last one stays.
+    let run = dir.join("run-twice");
+    let out = train_run(
+        &config,
+        &run,
+        &[
+            ("ROUTEBURN_RAISE_AFTER_STEPS", "7"),
+            ("ROUTEBURN_RAISE_SIGNALS", "INT,INT"),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(130));
+    let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
+    assert_eq!(latest, "epoch-0001");
+    assert!(resume(&run, &[]).status.success());
+    assert_eq!(metric_numbers(&run), metric_numbers(&whole));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A second `train` on a run directory another process is training is refused, naming the
+/// directory and the process; the lock of a killed process does not block a resume.
+#[test]
+fn one_writer_per_run_directory() {
+    let dir = tmp("lock");
+    let config = dir.join("long.toml");
+    std::fs::write(&config, TINY_RUN.replace("epochs = 2", "epochs = 500")).unwrap();
+    let run = dir.join("run");
+    let mut first = routeburn()
+        .args(["train", "-q", "--config"])
+        .arg(&config)
+        .arg("--run-dir")
+        .arg(&run)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !run.join("checkpoints/latest").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint after 120 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let second = resume(&run, &[]);
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("another routeburn process (pid {})", first.id()))
+            && stderr.contains(&run.display().to_string()),
+        "{stderr}"
+    );
+    first.kill().unwrap(); // SIGKILL: no handler runs, the lock file stays behind
+    first.wait().unwrap();
+    assert!(run.join("train.lock").exists());
+    let out = resume(&run, &["--epochs", "3"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A write error while checkpointing (a file-size limit standing in for a full disk) is a
+/// clear error and the previous checkpoint still resumes; a damaged checkpoint is an error
+/// naming its file, and `--resume-from` picks an earlier one.
+#[test]
+fn failed_writes_and_damaged_checkpoints_lose_nothing() {
+    let dir = tmp("disk");
+    let config = dir.join("tiny.toml");
+    std::fs::write(&config, TINY_RUN.replace("epochs = 2", "epochs = 1")).unwrap();
+    let run = dir.join("run");
+    assert!(train_run(&config, &run, &[]).status.success());
+    // Epoch 2's checkpoint needs more than 4 KiB per file.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -f 8; exec {} train --resume {} --epochs 2",
+            env!("CARGO_BIN_EXE_routeburn"),
+            run.display()
+        ))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(".bpk") && stderr.contains("File too large"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(run.join("checkpoints/latest")).unwrap(),
+        "epoch-0001"
+    );
+    let names: Vec<_> = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.to_string_lossy().contains("tmp")),
+        "{names:?}"
+    );
+    let out = resume(&run, &["--epochs", "2"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Truncate epoch 2's model: resuming names the file; --resume-from goes back.
+    let model = run.join("checkpoints/epoch-0002/model.bpk");
+    let bytes = std::fs::read(&model).unwrap();
+    std::fs::write(&model, &bytes[..bytes.len() / 2]).unwrap();
+    let out = resume(&run, &["--epochs", "3"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("epoch-0002/model.bpk"), "{stderr}");
+    let out = resume(&run, &["--epochs", "3", "--resume-from", "epoch-0001"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = resume(&run, &["--resume-from", "epoch-0042"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no checkpoint `epoch-0042`"), "{stderr}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Every enumerated flag lists its values in `--help` and answers a typo with a suggestion.
+#[test]
+fn enumerated_flags_suggest_the_value_meant() {
+    for (args, meant) in [
+        (vec!["train", "--backend", "flx"], "'flex'"),
+        (vec!["train", "--model", "atention"], "'attention'"),
+        (
+            vec![
+                "solve",
+                "--metric",
+                "cvrplb",
+                "--out-dir",
+                "x",
+                "y.vrp",
+                "--checkpoint",
+                "z",
+            ],
+            "'cvrplib'",
+        ),
+        (
+            vec![
+                "gen", "--n", "5", "--count", "1", "--format", "jsnl", "--out", "x",
+            ],
+            "'jsonl'",
+        ),
+        (
+            vec![
+                "eval",
+                "--checkpoint",
+                "x",
+                "--data",
+                "y",
+                "--strategy",
+                "multistrat",
+            ],
+            "`multistart`",
+        ),
+    ] {
+        let out = routeburn().args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(meant), "{args:?}: {stderr}");
+    }
+    for (command, values) in [
+        ("train", "[possible values: ndarray, flex, cuda]"),
+        ("train", "- attention: The attention model"),
+        ("solve", "[possible values: cvrplib, exact]"),
+        ("eval", "greedy, sample:K, multistart, aug8"),
+    ] {
+        let out = routeburn().args([command, "--help"]).output().unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains(values), "{command}: {help}");
+    }
 }

@@ -61,6 +61,7 @@ fn options(config: Config, run_dir: &Path, resume: bool, stop: Option<usize>) ->
         run_dir: run_dir.to_path_buf(),
         backend: Backend::default_compiled().unwrap(),
         resume,
+        resume_from: None,
         stop_after_epochs: stop,
         verbose: false,
         config_dir: None,

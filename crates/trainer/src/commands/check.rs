@@ -16,12 +16,8 @@ pub struct CheckArgs {
     /// Edge lengths: `cvrplib` rounds each edge to the nearest integer (EUC_2D), `exact`
     /// does not. Default: cvrplib for integer coordinates or explicit weights, exact
     /// otherwise.
-    #[arg(long, value_parser = parse_metric)]
+    #[arg(long, value_parser = super::metric_parser())]
     pub metric: Option<Metric>,
-}
-
-fn parse_metric(s: &str) -> Result<Metric, String> {
-    s.parse()
 }
 
 pub fn run(args: CheckArgs) -> Result<ExitCode, TrainError> {

@@ -39,7 +39,7 @@ pub struct CompareArgs {
     pub steps: usize,
     /// Backends to compare, comma-separated (default: every compiled one). The first is
     /// the reference for agreement.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = super::backend_parser())]
     pub backends: Vec<String>,
     /// Largest allowed difference in a decode's summed log-likelihood between backends.
     #[arg(long, default_value_t = 1e-3)]
@@ -188,6 +188,7 @@ fn compare(
             run_dir,
             backend,
             resume: false,
+            resume_from: None,
             stop_after_epochs: None,
             verbose: false,
             config_dir: config_dir.clone(),

@@ -23,7 +23,7 @@ pub struct EvalArgs {
     #[arg(long)]
     pub data: PathBuf,
     /// greedy, sample:K, multistart, aug8, multistart+aug8, sample:K+aug8.
-    #[arg(long, default_value = "greedy", value_parser = parse_strategy)]
+    #[arg(long, default_value = "greedy", value_parser = super::parse_strategy)]
     pub strategy: Strategy,
     /// Per-instance results (CSV).
     #[arg(long)]
@@ -31,15 +31,11 @@ pub struct EvalArgs {
     /// Most decoder rows (instances × samples × symmetries × starts) in one batch.
     #[arg(long, default_value_t = 8192)]
     pub max_rows: usize,
-    #[arg(long)]
+    #[arg(long, value_parser = super::backend_parser())]
     pub backend: Option<String>,
     /// Seed of the sampling noise.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-}
-
-fn parse_strategy(s: &str) -> Result<Strategy, String> {
-    s.parse()
 }
 
 /// An instance to evaluate and the cost it is measured against.

@@ -39,10 +39,14 @@ pub(crate) fn run(args: ImportArgs) -> Result<ExitCode, TrainError> {
     std::fs::create_dir_all(&args.out).map_err(|e| TrainError::io(&args.out, e))?;
     write_atomic(&args.out.join("config.toml"), config.to_toml().as_bytes())?;
     let checkpoints = Checkpoints::new(args.out.join(&config.checkpointing.dir));
-    let dir = checkpoints.save(0, config.checkpointing.keep_last, |dir| {
-        save_module(&imported.model, &dir.join(MODEL_FILE), "model")?;
-        Ok(TrainState::imported(&config))
-    })?;
+    let dir = checkpoints.save(
+        &Checkpoints::name(0, None),
+        config.checkpointing.keep_last,
+        |dir| {
+            save_module(&imported.model, &dir.join(MODEL_FILE), "model")?;
+            Ok(TrainState::imported(&config))
+        },
+    )?;
     eprintln!(
         "imported {} ({summary}; trained on {} customers) into {}",
         args.checkpoint.display(),

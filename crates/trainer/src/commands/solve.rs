@@ -19,7 +19,7 @@ pub struct SolveArgs {
     #[arg(long)]
     pub checkpoint: PathBuf,
     /// greedy, sample:K, multistart, aug8, multistart+aug8, sample:K+aug8.
-    #[arg(long, default_value = "multistart+aug8", value_parser = parse_strategy)]
+    #[arg(long, default_value = "multistart+aug8", value_parser = super::parse_strategy)]
     pub strategy: Strategy,
     /// Where to write NAME.sol (and NAME.svg with --plot).
     #[arg(long)]
@@ -31,23 +31,15 @@ pub struct SolveArgs {
     #[arg(long)]
     pub reference_dir: Option<PathBuf>,
     /// cvrplib or exact (default: cvrplib for integer coordinates, exact otherwise).
-    #[arg(long, value_parser = parse_metric)]
+    #[arg(long, value_parser = super::metric_parser())]
     pub metric: Option<Metric>,
-    #[arg(long)]
+    #[arg(long, value_parser = super::backend_parser())]
     pub backend: Option<String>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// CVRPLIB .vrp instances.
     #[arg(required = true)]
     pub instances: Vec<PathBuf>,
-}
-
-fn parse_strategy(s: &str) -> Result<Strategy, String> {
-    s.parse()
-}
-
-fn parse_metric(s: &str) -> Result<Metric, String> {
-    s.parse()
 }
 
 pub fn run(args: SolveArgs) -> Result<ExitCode, TrainError> {

@@ -8,6 +8,7 @@ use crate::config::{Config, ModelConfig, ModelKind};
 use crate::error::TrainError;
 use crate::inference::TrainedModel;
 use crate::run::checkpoint::save_module;
+use crate::run::interrupt;
 use crate::run::skeleton::TrainOptions;
 use crate::training::train;
 
@@ -27,13 +28,17 @@ pub struct TrainArgs {
     /// Continue the run in this directory from its latest checkpoint, with its config.
     #[arg(long, conflicts_with = "config")]
     pub resume: Option<PathBuf>,
+    /// With --resume: continue from this checkpoint (`epoch-NNNN`, see RUN_DIR/checkpoints)
+    /// instead of the latest, e.g. when the latest is damaged.
+    #[arg(long, requires = "resume")]
+    pub resume_from: Option<String>,
     /// Start from a trained model's weights, with a fresh optimiser: a run directory, a
     /// checkpoint directory, or a PyTorch checkpoint of Kool's attention model. Its
     /// `[model]` section replaces the config's; its weights are validated before epoch 1.
     #[arg(long, conflicts_with = "resume")]
     pub init_from: Option<PathBuf>,
     /// Tensor backend: ndarray, flex or cuda (default: the best one compiled in).
-    #[arg(long)]
+    #[arg(long, value_parser = super::backend_parser())]
     pub backend: Option<String>,
     /// Override `training.epochs`.
     #[arg(long)]
@@ -54,6 +59,7 @@ struct Plan {
 
 pub(crate) fn run(args: TrainArgs) -> Result<ExitCode, TrainError> {
     let backend = Backend::resolve(args.backend.as_deref())?;
+    interrupt::install()?;
     let mut plan = plan(&args)?;
     if let Some(e) = args.epochs {
         if e == 0 {
@@ -73,6 +79,7 @@ pub(crate) fn run(args: TrainArgs) -> Result<ExitCode, TrainError> {
         run_dir: plan.run_dir,
         backend,
         resume: plan.resume,
+        resume_from: args.resume_from.clone(),
         stop_after_epochs: None,
         verbose: !args.quiet,
         config_dir: plan.config_dir,

@@ -45,6 +45,10 @@ struct Valued {
 impl TrainingMethod for Reinforce {
     type Model = AttentionModel;
 
+    /// The random streams, the model, Adam and the baseline's state are all in a
+    /// checkpoint; `begin_epoch` only reads the epoch number.
+    const RESUMES_MID_EPOCH: bool = true;
+
     fn init_model(config: &Config, device: &Device) -> Result<AttentionModel, TrainError> {
         match &config.model {
             ModelConfig::Attention(a) => Ok(a.model_config().init(device)),

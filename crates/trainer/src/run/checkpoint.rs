@@ -15,7 +15,7 @@ use burn::module::Module;
 use routeburn_data::InstanceRng;
 use serde::{Deserialize, Serialize};
 
-use crate::atomic::write_atomic;
+use crate::atomic::{sync_parent, write_atomic};
 use crate::config::{Config, ModelKind};
 use crate::error::TrainError;
 
@@ -34,6 +34,27 @@ pub(crate) struct TrainState {
     pub(crate) elapsed_seconds: f64,
     /// The resolved config the run was started with.
     pub(crate) config_toml: String,
+    /// A checkpoint written part-way through epoch `epochs_completed + 1` (an
+    /// interrupted run): where that epoch stands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) in_epoch: Option<EpochProgress>,
+}
+
+/// How far an interrupted epoch got: its steps and their sums, so the resumed epoch ends
+/// with the numbers an uninterrupted one would.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct EpochProgress {
+    pub(crate) steps_done: usize,
+    pub(crate) cost_sum: f64,
+    pub(crate) baseline_sum: f64,
+    pub(crate) rows: usize,
+    pub(crate) instances: usize,
+    pub(crate) stats_seen: usize,
+    pub(crate) loss_sum: f64,
+    pub(crate) grad_norm_sum: f64,
+    /// Seconds per phase ([`crate::run::metrics::Phase::ALL`] order) and in all.
+    pub(crate) phase_seconds: Vec<f64>,
+    pub(crate) seconds: f64,
 }
 
 /// The baselines' state besides tensors; each baseline fills in its own fields.
@@ -46,40 +67,34 @@ pub(crate) struct BaselineState {
 }
 
 impl TrainState {
-    /// The state of a model imported from elsewhere: no epoch trained here, nothing to
-    /// resume (a run starts from it with `train --init-from`).
-    pub(crate) fn imported(config: &Config) -> Self {
-        Self {
-            format_version: FORMAT_VERSION,
-            model_kind: config.model_kind(),
-            epochs_completed: 0,
-            train_rng: InstanceRng::new(config.training.seed),
-            noise_rng: InstanceRng::new(config.training.seed),
-            baseline: BaselineState::default(),
-            elapsed_seconds: 0.0,
-            config_toml: config.to_toml(),
-        }
-    }
-
-    /// The state after epoch `epoch` (0-based) of a run of `config`.
-    pub(crate) fn after_epoch(
+    /// The state after `epochs_completed` whole epochs of a run of `config` (and part of
+    /// the next one, `in_epoch`).
+    pub(crate) fn new(
         config: &Config,
-        epoch: usize,
-        train_rng: &InstanceRng,
-        noise_rng: &InstanceRng,
+        epochs_completed: usize,
+        rngs: [&InstanceRng; 2],
         baseline: BaselineState,
         elapsed_seconds: f64,
+        in_epoch: Option<EpochProgress>,
     ) -> Self {
         Self {
             format_version: FORMAT_VERSION,
             model_kind: config.model_kind(),
-            epochs_completed: epoch + 1,
-            train_rng: train_rng.clone(),
-            noise_rng: noise_rng.clone(),
+            epochs_completed,
+            train_rng: rngs[0].clone(),
+            noise_rng: rngs[1].clone(),
             baseline,
             elapsed_seconds,
             config_toml: config.to_toml(),
+            in_epoch,
         }
+    }
+
+    /// The state of a model imported from elsewhere: no epoch trained here, nothing to
+    /// resume (a run starts from it with `train --init-from`).
+    pub(crate) fn imported(config: &Config) -> Self {
+        let rng = InstanceRng::new(config.training.seed);
+        Self::new(config, 0, [&rng, &rng], BaselineState::default(), 0.0, None)
     }
 }
 
@@ -110,50 +125,67 @@ impl Checkpoints {
         Self { dir: dir.into() }
     }
 
-    /// Writes the checkpoint after `epochs_completed` epochs: `write` fills the given
+    /// The name of the checkpoint after `epochs` whole epochs, and `steps` more of the next.
+    pub(crate) fn name(epochs: usize, steps: Option<usize>) -> String {
+        match steps {
+            None => format!("epoch-{epochs:04}"),
+            // Sorts after `epoch-{epochs}` and before `epoch-{epochs + 1}`.
+            Some(s) => format!("epoch-{epochs:04}-step-{s:06}"),
+        }
+    }
+
+    /// Writes checkpoint `name` (see [`Checkpoints::name`]): `write` fills the given
     /// (temporary) directory with the `.bpk` files and returns the state, which is added
     /// beside them; then the directory is renamed into place and `latest` updated. Keeps
     /// the newest `keep_last` checkpoints.
     pub(crate) fn save(
         &self,
-        epochs_completed: usize,
+        name: &str,
         keep_last: usize,
         write: impl FnOnce(&Path) -> Result<TrainState, TrainError>,
     ) -> Result<PathBuf, TrainError> {
         std::fs::create_dir_all(&self.dir).map_err(|e| TrainError::io(&self.dir, e))?;
-        let name = format!("epoch-{epochs_completed:04}");
-        let final_dir = self.dir.join(&name);
+        let final_dir = self.dir.join(name);
         let tmp_dir = self.dir.join(format!(".{name}.tmp-{}", std::process::id()));
         if tmp_dir.exists() {
             std::fs::remove_dir_all(&tmp_dir).map_err(|e| TrainError::io(&tmp_dir, e))?;
         }
         std::fs::create_dir_all(&tmp_dir).map_err(|e| TrainError::io(&tmp_dir, e))?;
-        let state = write(&tmp_dir)?;
-        let json = serde_json::to_vec_pretty(&state).expect("state serialises");
-        write_atomic(&tmp_dir.join(STATE_FILE), &json)?;
-        for entry in std::fs::read_dir(&tmp_dir).map_err(|e| TrainError::io(&tmp_dir, e))? {
-            let path = entry.map_err(|e| TrainError::io(&tmp_dir, e))?.path();
-            File::open(&path)
-                .and_then(|f| f.sync_all())
-                .map_err(|e| TrainError::io(&path, e))?;
+        if let Err(e) = self.fill(&tmp_dir, write) {
+            // A full disk (or any failed write) leaves the previous checkpoint as it was.
+            let _ = std::fs::remove_dir_all(&tmp_dir);
+            return Err(e);
         }
         if final_dir.exists() {
             std::fs::remove_dir_all(&final_dir).map_err(|e| TrainError::io(&final_dir, e))?;
         }
         std::fs::rename(&tmp_dir, &final_dir).map_err(|e| TrainError::io(&final_dir, e))?;
+        sync_parent(&final_dir)?;
         write_atomic(&self.dir.join("latest"), name.as_bytes())?;
         self.prune(keep_last)?;
         Ok(final_dir)
     }
 
+    /// The tensors (`write`), then the state, each file synced.
+    fn fill(
+        &self,
+        tmp_dir: &Path,
+        write: impl FnOnce(&Path) -> Result<TrainState, TrainError>,
+    ) -> Result<(), TrainError> {
+        let state = write(tmp_dir)?;
+        let json = serde_json::to_vec_pretty(&state).expect("state serialises");
+        write_atomic(&tmp_dir.join(STATE_FILE), &json)?;
+        for entry in std::fs::read_dir(tmp_dir).map_err(|e| TrainError::io(tmp_dir, e))? {
+            let path = entry.map_err(|e| TrainError::io(tmp_dir, e))?.path();
+            File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| TrainError::io(&path, e))?;
+        }
+        Ok(())
+    }
+
     fn prune(&self, keep_last: usize) -> Result<(), TrainError> {
-        let mut names: Vec<String> = std::fs::read_dir(&self.dir)
-            .map_err(|e| TrainError::io(&self.dir, e))?
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("epoch-"))
-            .collect();
-        names.sort();
+        let names = self.list();
         let excess = names.len().saturating_sub(keep_last.max(1));
         for old in &names[..excess] {
             let p = self.dir.join(old);
@@ -168,7 +200,21 @@ impl Checkpoints {
         let name = std::fs::read_to_string(&latest).map_err(|e| {
             TrainError::checkpoint(&latest, format!("no checkpoint to resume from ({e})"))
         })?;
-        let dir = self.dir.join(name.trim());
+        self.named(name.trim())
+    }
+
+    /// Checkpoint `name` (`epoch-NNNN`) and its state.
+    pub(crate) fn named(&self, name: &str) -> Result<(PathBuf, TrainState), TrainError> {
+        let dir = self.dir.join(name);
+        if name.is_empty() || name.contains('/') || !dir.is_dir() {
+            return Err(TrainError::checkpoint(
+                &dir,
+                format!(
+                    "no checkpoint `{name}` here (checkpoints: {})",
+                    self.list().join(", ")
+                ),
+            ));
+        }
         let state_path = dir.join(STATE_FILE);
         let text = std::fs::read(&state_path).map_err(|e| TrainError::io(&state_path, e))?;
         let state: TrainState = serde_json::from_slice(&text).map_err(|e| {
@@ -188,6 +234,19 @@ impl Checkpoints {
         }
         Ok((dir, state))
     }
+
+    /// The names of the complete checkpoints, oldest first.
+    pub(crate) fn list(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("epoch-"))
+            .collect();
+        names.sort();
+        names
+    }
 }
 
 /// Maps a Burn record error to a clear message naming the file.
@@ -196,4 +255,34 @@ pub(crate) fn record_error(path: &Path, what: &str, e: impl std::fmt::Display) -
         path,
         format!("cannot load the {what} (is it a checkpoint of this model and config?): {e}"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::mutate::{config, mutated};
+
+    fn valid_state() -> Vec<u8> {
+        let state = TrainState::imported(&Config::embedded_default());
+        serde_json::to_vec_pretty(&state).unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..config() })]
+
+        /// Any `state.json` gives a state or an error naming the file, never a panic.
+        #[test]
+        fn state_json_never_panics(bytes in mutated(vec![valid_state()])) {
+            let dir = std::env::temp_dir().join(format!("routeburn-state-fuzz-{}", std::process::id()));
+            let ckpt = dir.join("epoch-0001");
+            std::fs::create_dir_all(&ckpt).unwrap();
+            std::fs::write(dir.join("latest"), "epoch-0001").unwrap();
+            std::fs::write(ckpt.join(STATE_FILE), &bytes).unwrap();
+            if let Err(e) = Checkpoints::new(&dir).latest() {
+                prop_assert!(e.to_string().contains("state.json"), "{}", e);
+            }
+        }
+    }
 }

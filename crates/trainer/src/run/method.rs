@@ -63,6 +63,10 @@ pub(crate) struct StepLoss {
 pub(crate) trait TrainingMethod: Sized {
     type Model: Module + Policy;
 
+    /// Whether a checkpoint part-way through an epoch resumes exactly (an interrupted run
+    /// saves one); otherwise an interrupted epoch is abandoned and redone.
+    const RESUMES_MID_EPOCH: bool = false;
+
     /// A freshly initialised model (Burn's RNG is seeded and locked around the call).
     fn init_model(config: &Config, device: &Device) -> Result<Self::Model, TrainError>;
 
@@ -162,6 +166,21 @@ impl StepStats {
         step: usize,
     ) -> TrainError {
         TrainError::non_finite(what, value, epoch, step, &self.checkpoints)
+    }
+
+    /// Statistics of the steps an interrupted epoch had taken (none pending).
+    pub(crate) fn restored(
+        checkpoints: PathBuf,
+        seen: usize,
+        loss_sum: f64,
+        grad_norm_sum: f64,
+    ) -> Self {
+        Self {
+            seen,
+            loss_sum,
+            grad_norm_sum,
+            ..Self::new(checkpoints)
+        }
     }
 
     pub(crate) fn mean_loss(&self) -> f64 {

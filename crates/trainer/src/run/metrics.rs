@@ -79,6 +79,19 @@ impl PhaseTimes {
         out
     }
 
+    /// Seconds per phase, in [`Phase::ALL`] order (a checkpoint of an interrupted epoch).
+    pub(crate) fn to_seconds(&self) -> Vec<f64> {
+        Phase::ALL.iter().map(|&p| self.seconds(p)).collect()
+    }
+
+    pub(crate) fn from_seconds(seconds: &[f64]) -> Self {
+        let mut times = Self::default();
+        for (total, s) in times.totals.iter_mut().zip(seconds) {
+            *total = Duration::from_secs_f64(s.max(0.0));
+        }
+        times
+    }
+
     pub fn seconds(&self, phase: Phase) -> f64 {
         self.totals[phase as usize].as_secs_f64()
     }

@@ -2,6 +2,8 @@
 //! seeding, resume, the epoch loop, validation, metrics, progress and checkpoints.
 
 pub(crate) mod checkpoint;
+pub(crate) mod interrupt;
+pub(crate) mod lock;
 pub(crate) mod method;
 pub(crate) mod metrics;
 pub(crate) mod paths;

@@ -22,8 +22,11 @@ use crate::clip::clip_global_norm;
 use crate::config::{Config, Precision};
 use crate::error::TrainError;
 use crate::run::checkpoint::{
-    record_error, save_module, BaselineState, Checkpoints, TrainState, MODEL_FILE, OPTIMIZER_FILE,
+    record_error, save_module, BaselineState, Checkpoints, EpochProgress, TrainState, MODEL_FILE,
+    OPTIMIZER_FILE,
 };
+use crate::run::interrupt;
+use crate::run::lock::RunLock;
 use crate::run::method::{RunRngs, Setup, StepContext, StepLoss, StepStats, TrainingMethod};
 use crate::run::metrics::{append_metrics, truncate_metrics, EpochMetrics, Phase, PhaseTimes};
 use crate::run::progress::{epoch_bar, print_summary};
@@ -53,6 +56,8 @@ pub struct TrainOptions {
     pub backend: Backend,
     /// Continue from the run directory's latest checkpoint.
     pub resume: bool,
+    /// With `resume`: continue from this checkpoint (`epoch-NNNN`) instead of the latest.
+    pub resume_from: Option<String>,
     /// Stop (as if killed) after this many epochs in total; for tests of resuming.
     pub stop_after_epochs: Option<usize>,
     /// Print progress and summaries.
@@ -134,6 +139,10 @@ struct Run<M: TrainingMethod> {
     method: M,
     validation: ValidationSet,
     start_epoch: usize,
+    /// Where an interrupted epoch stood, for the run that resumes it.
+    resume_progress: Option<EpochProgress>,
+    /// This process's claim on the run directory.
+    _lock: RunLock,
     /// Wall time of earlier sessions of a resumed run, and when this one started.
     elapsed_before: f64,
     session_start: Instant,
@@ -152,6 +161,7 @@ impl<M: TrainingMethod> Run<M> {
     /// Model, optimizer, random streams and the method's state: fresh, or from the latest
     /// checkpoint.
     fn start(opts: TrainOptions) -> Result<Self, TrainError> {
+        let lock = RunLock::acquire(&opts.run_dir)?;
         let config = &opts.config;
         let t = &config.training;
         let device = training_device(opts.backend, t.precision)?;
@@ -167,7 +177,11 @@ impl<M: TrainingMethod> Run<M> {
             noise: InstanceRng::new(t.seed ^ NOISE_STREAM),
         };
         let resumed = match opts.resume {
-            true => Some(latest_checkpoint(&checkpoints, config)?),
+            true => Some(resume_point(
+                &checkpoints,
+                config,
+                opts.resume_from.as_deref(),
+            )?),
             false => None,
         };
         match &resumed {
@@ -204,6 +218,8 @@ impl<M: TrainingMethod> Run<M> {
             ValidationSet::load(config, &config.generator()?, opts.config_dir.as_deref())?;
         Ok(Self {
             elapsed_before: resumed.as_ref().map_or(0.0, |(_, s)| s.elapsed_seconds),
+            resume_progress: resumed.and_then(|(_, s)| s.in_epoch),
+            _lock: lock,
             opts,
             device,
             train_device,
@@ -239,12 +255,10 @@ impl<M: TrainingMethod> Run<M> {
         let t = &self.opts.config.training;
         let lr = t.lr * t.lr_decay.powi(epoch as i32);
         self.method.begin_epoch(epoch, &mut self.rngs);
-        let mut times = PhaseTimes::default();
-        let mut stats = StepStats::new(self.checkpoints.dir.clone());
-        let mut totals = EpochTotals::default();
+        let (first_step, mut times, mut stats, mut totals, seconds_before) = self.epoch_sums();
         let steps = self.method.steps_per_epoch();
         let progress = epoch_bar(&self.opts.config, epoch, steps, self.opts.verbose);
-        for step in 0..steps {
+        for step in first_step..steps {
             let ctx = StepContext {
                 epoch,
                 step,
@@ -257,12 +271,18 @@ impl<M: TrainingMethod> Run<M> {
             totals.add(&out);
             self.learn(out.loss, lr, &mut times, &mut stats);
             show_progress(&progress, step, &totals, &stats, epoch_start);
+            interrupt::step_done();
+            if let Some(signal) = interrupt::pending() {
+                let seconds = seconds_before + epoch_start.elapsed().as_secs_f64();
+                let sums = (&times, &mut stats, &totals, seconds);
+                return Err(self.interrupted(signal, epoch, step + 1, sums));
+            }
         }
         stats.flush(epoch, steps.saturating_sub(1))?;
         if let Some(pb) = progress {
             pb.finish_and_clear();
         }
-        let train_seconds = epoch_start.elapsed().as_secs_f64();
+        let train_seconds = seconds_before + epoch_start.elapsed().as_secs_f64();
 
         let inference_model = self.model.valid();
         let (val_cost, val_gap, baseline_updated) =
@@ -282,12 +302,85 @@ impl<M: TrainingMethod> Run<M> {
             val_gap,
             baseline_updated,
             instances_per_second: totals.instances as f64 / train_seconds,
-            seconds: epoch_start.elapsed().as_secs_f64(),
+            seconds: seconds_before + epoch_start.elapsed().as_secs_f64(),
             elapsed_seconds: self.elapsed_before + self.session_start.elapsed().as_secs_f64(),
             phases: times,
         };
         self.finish_epoch(epoch, &metrics)?;
         Ok(metrics)
+    }
+
+    /// Where an epoch starts: from scratch, or where an interrupted one stopped (first
+    /// step, phase times, statistics, sums, seconds already spent).
+    fn epoch_sums(&mut self) -> (usize, PhaseTimes, StepStats, EpochTotals, f64) {
+        let dir = self.checkpoints.dir.clone();
+        match self.resume_progress.take() {
+            None => (
+                0,
+                PhaseTimes::default(),
+                StepStats::new(dir),
+                EpochTotals::default(),
+                0.0,
+            ),
+            Some(p) => (
+                p.steps_done,
+                PhaseTimes::from_seconds(&p.phase_seconds),
+                StepStats::restored(dir, p.stats_seen, p.loss_sum, p.grad_norm_sum),
+                EpochTotals {
+                    cost_sum: p.cost_sum,
+                    baseline_sum: p.baseline_sum,
+                    rows: p.rows,
+                    instances: p.instances,
+                },
+                p.seconds,
+            ),
+        }
+    }
+
+    /// A signal arrived after `steps_done` steps of `epoch`: save that point when the
+    /// method resumes from it exactly, and say how to go on.
+    fn interrupted(
+        &self,
+        signal: i32,
+        epoch: usize,
+        steps_done: usize,
+        (times, stats, totals, seconds): (&PhaseTimes, &mut StepStats, &EpochTotals, f64),
+    ) -> TrainError {
+        let run_dir = self.opts.run_dir.display();
+        let saved = if M::RESUMES_MID_EPOCH {
+            // Burn's running statistics (batch norm) show their last update only once
+            // synced; `valid()` syncs them, as the end-of-epoch validation does.
+            let _ = self.model.valid();
+            let progress = stats.flush(epoch, steps_done - 1).map(|()| EpochProgress {
+                steps_done,
+                cost_sum: totals.cost_sum,
+                baseline_sum: totals.baseline_sum,
+                rows: totals.rows,
+                instances: totals.instances,
+                stats_seen: stats.seen,
+                loss_sum: stats.loss_sum,
+                grad_norm_sum: stats.grad_norm_sum,
+                phase_seconds: times.to_seconds(),
+                seconds,
+            });
+            match progress.and_then(|p| self.save_checkpoint(epoch, Some(p))) {
+                Ok(dir) => format!("saved {}", dir.display()),
+                Err(e) => return e,
+            }
+        } else {
+            format!(
+                "epoch {} abandoned after {steps_done} batches; the last checkpoint stays",
+                epoch + 1
+            )
+        };
+        TrainError::Interrupted {
+            signal,
+            message: format!(
+                "interrupted by {} in epoch {}, batch {steps_done}: {saved}. Resume with: routeburn train --resume {run_dir}",
+                interrupt::name(signal),
+                epoch + 1,
+            ),
+        }
     }
 
     /// Backward, global-norm clip and the Adam step; the loss and the norm are kept on the
@@ -318,8 +411,19 @@ impl<M: TrainingMethod> Run<M> {
         if !(metrics.epoch.is_multiple_of(every) || is_last) {
             return Ok(());
         }
+        self.save_checkpoint(epoch + 1, None).map(|_| ())
+    }
+
+    /// A checkpoint after `epochs` whole epochs (and `in_epoch` of the next one).
+    fn save_checkpoint(
+        &self,
+        epochs: usize,
+        in_epoch: Option<EpochProgress>,
+    ) -> Result<PathBuf, TrainError> {
+        let config = &self.opts.config;
+        let name = Checkpoints::name(epochs, in_epoch.as_ref().map(|p| p.steps_done));
         self.checkpoints
-            .save(epoch + 1, config.checkpointing.keep_last, |dir| {
+            .save(&name, config.checkpointing.keep_last, |dir| {
                 save_module(&self.model, &dir.join(MODEL_FILE), "model")?;
                 let p = dir.join(OPTIMIZER_FILE);
                 self.optimizer
@@ -327,16 +431,12 @@ impl<M: TrainingMethod> Run<M> {
                     .map_err(|e| record_error(&p, "optimizer (saving)", e))?;
                 let mut baseline = BaselineState::default();
                 self.method.save(dir, &mut baseline)?;
-                Ok(TrainState::after_epoch(
-                    config,
-                    epoch,
-                    &self.rngs.train,
-                    &self.rngs.noise,
-                    baseline,
-                    metrics.elapsed_seconds,
+                let elapsed = self.elapsed_before + self.session_start.elapsed().as_secs_f64();
+                let rngs = [&self.rngs.train, &self.rngs.noise];
+                Ok(TrainState::new(
+                    config, epochs, rngs, baseline, elapsed, in_epoch,
                 ))
             })
-            .map(|_| ())
     }
 }
 
@@ -390,12 +490,17 @@ fn load_training_state<T: Module>(
     Ok((model, optimizer))
 }
 
-/// The run's latest checkpoint, checked to be of the config's model.
-fn latest_checkpoint(
+/// The checkpoint a run resumes from (the latest, or `name`), checked to be of the
+/// config's model.
+fn resume_point(
     checkpoints: &Checkpoints,
     config: &Config,
+    name: Option<&str>,
 ) -> Result<(PathBuf, TrainState), TrainError> {
-    let (dir, state) = checkpoints.latest()?;
+    let (dir, state) = match name {
+        Some(name) => checkpoints.named(name)?,
+        None => checkpoints.latest()?,
+    };
     if state.model_kind != config.model_kind() {
         return Err(TrainError::checkpoint(
             &dir,
