@@ -2,6 +2,7 @@
 //!
 //! - `cargo xtask test`: the test suite (`cargo test --workspace`).
 //! - `cargo xtask ci`: what `.ci/run` runs (fmt, clippy, tests, CUDA type-check).
+//! - `cargo xtask build-cuda`: the CUDA build as a bundle (see `build_cuda.rs`).
 //! - `cargo xtask bench [criterion args]`: every bench, on every CPU backend, then one
 //!   table of the results.
 //! - `cargo xtask compare-backends [--config FILE] [--steps K]`: builds routeburn with
@@ -10,6 +11,8 @@
 //!   `routeburn` in release mode with that backend's feature and runs it, e.g.
 //!   `cargo xtask train --config configs/tiny_1.toml`. With no arguments after `train`, it
 //!   trains the embedded default config.
+
+mod build_cuda;
 
 use std::process::{Command, ExitCode};
 
@@ -32,6 +35,20 @@ fn main() -> ExitCode {
     let ok = match task.as_str() {
         "test" => cargo(&["test", "--workspace"], rest),
         "ci" => ci(),
+        "build-cuda" => match build_cuda::build_cuda(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap(),
+        ) {
+            Ok(archive) => {
+                println!("{}", archive.display());
+                true
+            }
+            Err(e) => {
+                eprintln!("xtask build-cuda: {e}");
+                false
+            }
+        },
         "bench" => bench(rest),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
@@ -51,6 +68,8 @@ const USAGE: &str = "usage: cargo xtask [--backend ndarray|flex|cuda] <task> [ar
 tasks:
   test                 run the test suite (cargo test --workspace)
   ci                   run what CI runs: fmt, clippy, tests, CUDA type-check
+  build-cuda           routeburn with CUDA (and the CPU backends), built offline but for the
+                       package registries, packed with gpu-check; prints the archive's path
   bench [args]         run every criterion bench on every CPU backend, print one table
   compare-backends     same seed, config and weights on every backend: time, memory, agreement
   <routeburn command>  build routeburn in release mode and run it: train, gen, check, ...";

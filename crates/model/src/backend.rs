@@ -34,6 +34,9 @@ pub enum BackendError {
     },
     #[error("no backend was compiled in; build with one of the features ndarray, flex or cuda")]
     NoneCompiled,
+    /// The cuda backend was asked for on a machine that cannot run it.
+    #[error("cuda: {0}")]
+    NoCudaDriver(String),
 }
 
 impl Backend {
@@ -115,7 +118,10 @@ impl Backend {
             #[cfg(feature = "flex")]
             Backend::Flex => Ok(Device::flex()),
             #[cfg(feature = "cuda")]
-            Backend::Cuda => Ok(Device::cuda(0)),
+            Backend::Cuda => {
+                crate::cuda_driver::check()?;
+                Ok(Device::cuda(0))
+            }
             #[allow(unreachable_patterns)]
             other => Err(BackendError::NotCompiled {
                 requested: other,

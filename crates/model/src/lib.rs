@@ -7,6 +7,8 @@
 
 pub mod attention_model;
 pub mod backend;
+#[cfg(unix)]
+pub mod cuda_driver;
 pub mod decode;
 pub mod encoder;
 pub mod pointer_network;

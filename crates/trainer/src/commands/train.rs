@@ -59,6 +59,8 @@ struct Plan {
 
 pub(crate) fn run(args: TrainArgs) -> Result<ExitCode, TrainError> {
     let backend = Backend::resolve(args.backend.as_deref())?;
+    // A backend that cannot run here (no NVIDIA driver, no GPU) says so before any work.
+    backend.device()?;
     interrupt::install()?;
     let mut plan = plan(&args)?;
     if let Some(e) = args.epochs {
