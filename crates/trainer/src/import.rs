@@ -208,65 +208,7 @@ impl KoolTensors<'_> {
         )?;
         self.linear(&mut out, "init_embed", "encoder.customer_embedding", true)?;
         for i in 0..layers {
-            let (from, to) = (
-                format!("embedder.layers.{i}"),
-                format!("encoder.layers.{i}"),
-            );
-            let names = ["W_query", "W_key", "W_val"].map(|w| format!("{from}.0.module.{w}"));
-            let qkv = [
-                self.get(&names[0])?,
-                self.get(&names[1])?,
-                self.get(&names[2])?,
-            ];
-            let per_head = qkv[0].shape.len() == 3 && qkv.iter().all(|w| w.shape == qkv[0].shape);
-            if !per_head {
-                return Err(self.shape_error(
-                    &names[0],
-                    "[heads, d, dk] (the same for W_key and W_val)",
-                    &qkv[0].shape,
-                ));
-            }
-            out.push((format!("{to}.attention.qkv.weight"), heads_to_columns(&qkv)));
-            let w_out = self.get(&format!("{from}.0.module.W_out"))?;
-            let [h, dk, d] = w_out.shape[..] else {
-                return Err(self.shape_error(
-                    &format!("{from}.0.module.W_out"),
-                    "[heads, dk, d]",
-                    &w_out.shape,
-                ));
-            };
-            out.push((
-                format!("{to}.attention.out.weight"),
-                Weights {
-                    shape: vec![h * dk, d],
-                    values: w_out.values.clone(),
-                    from: w_out.from.clone(),
-                },
-            ));
-            self.norm(
-                &mut out,
-                &format!("{from}.1.normalizer"),
-                &format!("{to}.attention_norm"),
-                norm,
-            )?;
-            self.linear(
-                &mut out,
-                &format!("{from}.2.module.0"),
-                &format!("{to}.feed_forward_in"),
-                true,
-            )?;
-            self.linear(
-                &mut out,
-                &format!("{from}.2.module.2"),
-                &format!("{to}.feed_forward_out"),
-                true,
-            )?;
-            self.norm(
-                &mut out,
-                &format!("{from}.3.normalizer"),
-                &format!("{to}.feed_forward_norm"),
-                norm,
-            )?;
+            self.encoder_layer(&mut out, i, norm)?;
         }
         for name in [
             "project_node_embeddings",
@@ -277,6 +219,76 @@ impl KoolTensors<'_> {
             self.linear(&mut out, name, name, false)?;
         }
         Ok(out)
+    }
+
+    /// Encoder layer `i`: attention (per-head projections as column blocks), the two
+    /// normalisations and the feed-forward pair.
+    fn encoder_layer(
+        &self,
+        out: &mut Vec<(String, Weights)>,
+        i: usize,
+        norm: Normalization,
+    ) -> Result<(), TrainError> {
+        let (from, to) = (
+            format!("embedder.layers.{i}"),
+            format!("encoder.layers.{i}"),
+        );
+        let names = ["W_query", "W_key", "W_val"].map(|w| format!("{from}.0.module.{w}"));
+        let qkv = [
+            self.get(&names[0])?,
+            self.get(&names[1])?,
+            self.get(&names[2])?,
+        ];
+        let per_head = qkv[0].shape.len() == 3 && qkv.iter().all(|w| w.shape == qkv[0].shape);
+        if !per_head {
+            return Err(self.shape_error(
+                &names[0],
+                "[heads, d, dk] (the same for W_key and W_val)",
+                &qkv[0].shape,
+            ));
+        }
+        out.push((format!("{to}.attention.qkv.weight"), heads_to_columns(&qkv)));
+        let w_out = self.get(&format!("{from}.0.module.W_out"))?;
+        let [h, dk, d] = w_out.shape[..] else {
+            return Err(self.shape_error(
+                &format!("{from}.0.module.W_out"),
+                "[heads, dk, d]",
+                &w_out.shape,
+            ));
+        };
+        out.push((
+            format!("{to}.attention.out.weight"),
+            Weights {
+                shape: vec![h * dk, d],
+                values: w_out.values.clone(),
+                from: w_out.from.clone(),
+            },
+        ));
+        self.norm(
+            out,
+            &format!("{from}.1.normalizer"),
+            &format!("{to}.attention_norm"),
+            norm,
+        )?;
+        self.linear(
+            out,
+            &format!("{from}.2.module.0"),
+            &format!("{to}.feed_forward_in"),
+            true,
+        )?;
+        self.linear(
+            out,
+            &format!("{from}.2.module.2"),
+            &format!("{to}.feed_forward_out"),
+            true,
+        )?;
+        self.norm(
+            out,
+            &format!("{from}.3.normalizer"),
+            &format!("{to}.feed_forward_norm"),
+            norm,
+        )?;
+        Ok(())
     }
 
     /// A PyTorch `Linear`: the weight transposed, the bias as it is.

@@ -15,7 +15,7 @@ use crate::config::{Config, ModelConfig};
 use crate::error::TrainError;
 use crate::evaluate::{download_ints, validated_costs};
 use crate::import::{import, is_pytorch_file};
-use crate::run::checkpoint::{record_error, Checkpoints, MODEL_FILE};
+use crate::run::checkpoint::{record_error, Checkpoints, BEST, LATEST, MODEL_FILE};
 
 /// How to turn a model into solutions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,10 +97,31 @@ pub(crate) struct TrainedModel {
 }
 
 impl TrainedModel {
-    /// Says which model, from which checkpoint, on stderr.
+    /// Says which model, from which checkpoint (and which epoch), on stderr.
     pub(crate) fn announce(&self) {
+        let state = Checkpoints::new(self.checkpoint.parent().unwrap_or(Path::new(".")))
+            .named(
+                &self
+                    .checkpoint
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy(),
+            )
+            .ok()
+            .map(|(_, s)| s);
+        let is_best = self
+            .checkpoint
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("best-"));
+        let which = match (state, is_best) {
+            (Some(s), true) => s.best.map_or(String::new(), |b| {
+                format!(" (the run's best: {})", b.describe())
+            }),
+            (Some(s), false) => format!(" (after {} epochs)", s.epochs_completed),
+            (None, _) => String::new(),
+        };
         eprintln!(
-            "{} model from {}",
+            "{} model from {}{which}",
             self.config.model_kind(),
             self.checkpoint.display()
         );
@@ -120,22 +141,7 @@ impl TrainedModel {
                 checkpoint: run_dir.to_path_buf(),
             });
         }
-        // Accept the run directory or one of its checkpoint directories.
-        let (config_path, ckpt_dir) = if run_dir.join(MODEL_FILE).exists() {
-            let run = run_dir.parent().and_then(Path::parent).unwrap_or(run_dir);
-            (run.join("config.toml"), run_dir.to_path_buf())
-        } else {
-            let config_path = run_dir.join("config.toml");
-            if !config_path.exists() {
-                return Err(TrainError::Input(format!(
-                    "--checkpoint {}: not a run directory (no config.toml) nor a checkpoint (no {MODEL_FILE})",
-                    run_dir.display()
-                )));
-            }
-            let config = Config::load_run(&config_path)?;
-            let (dir, _) = Checkpoints::new(run_dir.join(&config.checkpointing.dir)).latest()?;
-            (config_path, dir)
-        };
+        let (config_path, ckpt_dir) = checkpoint_of(run_dir)?;
         let config = Config::load_run(&config_path)?;
         let path = ckpt_dir.join(MODEL_FILE);
         // The config says which model the file holds; a file of another model or size
@@ -160,6 +166,39 @@ impl TrainedModel {
             checkpoint: ckpt_dir,
         })
     }
+}
+
+/// The config and checkpoint directory `--checkpoint PATH` names: a run directory (its
+/// best checkpoint, else its latest), a checkpoint directory, or a pointer file
+/// (`RUN_DIR/checkpoints/latest`, `…/best`).
+fn checkpoint_of(path: &Path) -> Result<(PathBuf, PathBuf), TrainError> {
+    let run_of = |ckpt_dir: &Path| {
+        let run = ckpt_dir.parent().and_then(Path::parent).unwrap_or(ckpt_dir);
+        run.join("config.toml")
+    };
+    if path.join(MODEL_FILE).exists() {
+        return Ok((run_of(path), path.to_path_buf()));
+    }
+    if path.is_file() && [LATEST, BEST].iter().any(|p| path.ends_with(p)) {
+        let checkpoints = Checkpoints::new(path.parent().unwrap_or(Path::new(".")));
+        let pointer = path.file_name().unwrap_or_default().to_string_lossy();
+        let (dir, _) = checkpoints.pointed(&pointer)?;
+        return Ok((run_of(&dir), dir));
+    }
+    let config_path = path.join("config.toml");
+    if !config_path.exists() {
+        return Err(TrainError::Input(format!(
+            "--checkpoint {}: not a run directory (no config.toml), a checkpoint (no {MODEL_FILE}) nor a PyTorch checkpoint",
+            path.display()
+        )));
+    }
+    let config = Config::load_run(&config_path)?;
+    let checkpoints = Checkpoints::new(path.join(&config.checkpointing.dir));
+    let (dir, _) = match checkpoints.pointed(BEST) {
+        Ok(best) => best,
+        Err(_) => checkpoints.latest()?,
+    };
+    Ok((config_path, dir))
 }
 
 /// The 8 symmetries of the unit square.

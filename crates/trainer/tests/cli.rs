@@ -362,8 +362,9 @@ fn train_eval_solve_check() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    // A corrupt checkpoint names the file.
-    let ckpt = run.join("checkpoints/epoch-0001/model.bpk");
+    // A corrupt checkpoint names the file (eval reads the run's best one).
+    let best = std::fs::read_to_string(run.join("checkpoints/best")).unwrap();
+    let ckpt = run.join("checkpoints").join(best).join("model.bpk");
     std::fs::write(&ckpt, b"not a burnpack").unwrap();
     let out = routeburn()
         .args(["eval", "--checkpoint"])
@@ -977,4 +978,108 @@ fn enumerated_flags_suggest_the_value_meant() {
         let help = String::from_utf8_lossy(&out.stdout);
         assert!(help.contains(values), "{command}: {help}");
     }
+}
+
+/// Rows of `metrics.csv` as (epoch, val_cost, elapsed_seconds).
+fn metric_rows(run: &Path) -> Vec<(usize, f64, f64)> {
+    let text = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    text.lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (
+                f[0].parse().unwrap(),
+                f[6].parse().unwrap(),
+                f[11].parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// A time limit ends the run by itself (validated, checkpointed), a resume counts the time
+/// already spent, and the best validation is kept as `checkpoints/best`, which `eval`
+/// takes by default.
+#[test]
+fn time_limits_and_the_best_checkpoint() {
+    let dir = tmp("budget");
+    let config = dir.join("budget.toml");
+    std::fs::write(
+        &config,
+        TINY_RUN
+            .replace("epochs = 2", "epochs = 500\ntime_limit = \"2s\"")
+            .replace("batches_per_epoch = 5", "batches_per_epoch = 4"),
+    )
+    .unwrap();
+    let run = dir.join("run");
+    let out = train_run(&config, &run, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("time limit 2s reached"), "{stderr}");
+    let rows = metric_rows(&run);
+    assert!(rows.len() < 500, "the limit was ignored");
+    let spent = rows.last().unwrap().2;
+    assert!((1.5..10.0).contains(&spent), "stopped after {spent} s");
+
+    // The best validation so far is the one `best` names, and eval takes it.
+    let best_epoch = rows.iter().min_by(|a, b| a.1.total_cmp(&b.1)).unwrap().0;
+    let best = std::fs::read_to_string(run.join("checkpoints/best")).unwrap();
+    assert!(best.starts_with("best-epoch-"), "{best}");
+    let state =
+        std::fs::read_to_string(run.join("checkpoints").join(&best).join("state.json")).unwrap();
+    assert!(
+        state.contains(&format!("\"epoch\": {best_epoch},")),
+        "{best}: {state}"
+    );
+    let eval = |checkpoint: &Path| {
+        let out = routeburn()
+            .args(["eval", "--data"])
+            .arg(
+                data()
+                    .join("validation/cvrp10.jsonl")
+                    .parent()
+                    .unwrap()
+                    .join("cvrp10.jsonl"),
+            )
+            .arg("--checkpoint")
+            .arg(checkpoint)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let said = eval(&run);
+    assert!(
+        said.contains(&format!("the run's best: epoch {best_epoch},")),
+        "{said}"
+    );
+    let said = eval(&run.join("checkpoints/latest"));
+    assert!(said.contains("(after "), "{said}");
+
+    // Resuming with the same budget: nothing left to train.
+    let out = resume(&run, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stderr.contains("already reached"),
+        "{stderr}"
+    );
+    assert_eq!(metric_rows(&run).len(), rows.len());
+    // A larger budget continues where the time ran out, counting the time already spent.
+    let out = resume(&run, &["--time-limit", "4s"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let more = metric_rows(&run);
+    assert!(more.len() > rows.len());
+    let spent = more.last().unwrap().2;
+    assert!(
+        (3.5..6.5).contains(&spent),
+        "stopped after {spent} s in all"
+    );
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -43,6 +43,10 @@ pub struct TrainArgs {
     /// Override `training.epochs`.
     #[arg(long)]
     pub epochs: Option<usize>,
+    /// Override `training.time_limit`: the run's wall-clock budget, resumed sessions
+    /// included (`90s`, `25m`, `2h`, `1h30m`).
+    #[arg(long, value_parser = parse_time_limit)]
+    pub time_limit: Option<String>,
     /// Print nothing but errors.
     #[arg(long, short)]
     pub quiet: bool,
@@ -68,6 +72,9 @@ pub(crate) fn run(args: TrainArgs) -> Result<ExitCode, TrainError> {
             return Err(TrainError::Input("--epochs must be at least 1".into()));
         }
         plan.config.training.epochs = e;
+    }
+    if let Some(limit) = &args.time_limit {
+        plan.config.training.time_limit = Some(limit.clone());
     }
     let init_weights = match &args.init_from {
         Some(source) => Some(take_weights_from(source, &mut plan, backend, args.quiet)?),
@@ -99,6 +106,10 @@ pub(crate) fn run(args: TrainArgs) -> Result<ExitCode, TrainError> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn parse_time_limit(s: &str) -> Result<String, String> {
+    crate::config::parse_duration(s).map(|_| s.to_string())
 }
 
 /// `--init-from SOURCE`: the source's model section replaces the plan's, and its weights

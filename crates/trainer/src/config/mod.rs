@@ -218,6 +218,47 @@ pub struct TrainingConfig {
     pub decode_check_every: usize,
     /// Device float type: `f32` (default), or `bf16`/`f16` on the cuda backend only.
     pub precision: Precision,
+    /// Wall-clock budget of the whole run, resumed sessions included: `90s`, `25m`, `2h`,
+    /// `1h30m`. The run stops after the step that reaches it, validates and checkpoints.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_limit: Option<String>,
+    /// Adam's (L2) weight decay; 0 for none (Kool's), 1e-6 is POMO's.
+    pub weight_decay: f64,
+}
+
+/// Seconds of a duration written as `<number><unit>` groups, units `s`, `m`, `h`
+/// (`90s`, `25m`, `1h30m`, `0.5h`).
+pub fn parse_duration(text: &str) -> Result<f64, String> {
+    let bad = || format!("`{text}` is not a duration like 90s, 25m, 2h or 1h30m");
+    let (mut total, mut number) = (0.0, String::new());
+    for c in text.trim().chars() {
+        match c {
+            '0'..='9' | '.' => number.push(c),
+            's' | 'm' | 'h' => {
+                let v: f64 = number.parse().map_err(|_| bad())?;
+                total += v * match c {
+                    's' => 1.0,
+                    'm' => 60.0,
+                    _ => 3600.0,
+                };
+                number.clear();
+            }
+            _ => return Err(bad()),
+        }
+    }
+    if !(number.is_empty() && total.is_finite() && total > 0.0) {
+        return Err(bad());
+    }
+    Ok(total)
+}
+
+impl TrainingConfig {
+    /// `time_limit` in seconds (checked by [`Config::validate`]).
+    pub fn time_limit_seconds(&self) -> Option<f64> {
+        self.time_limit
+            .as_deref()
+            .and_then(|t| parse_duration(t).ok())
+    }
 }
 
 /// Kool et al.'s settings where they have one.
@@ -232,6 +273,8 @@ impl Default for TrainingConfig {
             seed: 0,
             decode_check_every: routeburn_model::DecodeOptions::DEFAULT_CHECK_EVERY,
             precision: Precision::F32,
+            time_limit: None,
+            weight_decay: 0.0,
         }
     }
 }
@@ -287,8 +330,10 @@ pub struct ValidationConfig {
     /// paths are resolved against the working directory, then the config's directory.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub file: Option<PathBuf>,
-    /// Decode strategy: `greedy` (the default).
-    pub strategy: ValidationStrategy,
+    /// Decode strategy: `greedy`, or `multistart` (the default when the baseline is
+    /// `pomo`, which trains for multi-start decoding).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<ValidationStrategy>,
     pub batch_size: usize,
     /// Seed of the generated validation set.
     pub seed: u64,
@@ -306,7 +351,7 @@ impl Default for ValidationConfig {
         Self {
             size: 1000,
             file: None,
-            strategy: ValidationStrategy::Greedy,
+            strategy: None,
             batch_size: 500,
             seed: 4321,
         }
@@ -531,6 +576,17 @@ impl Config {
         self.model.kind()
     }
 
+    /// How validation decodes: as `validation.strategy` says, else multi-start for a POMO
+    /// run and greedy otherwise.
+    pub fn validation_strategy(&self) -> ValidationStrategy {
+        self.validation
+            .strategy
+            .unwrap_or(match (self.model_kind(), self.reinforce.baseline) {
+                (ModelKind::Attention, BaselineKind::Pomo) => ValidationStrategy::Multistart,
+                _ => ValidationStrategy::Greedy,
+            })
+    }
+
     /// The instance generator the problem section describes.
     pub fn generator(&self) -> Result<Generator, TrainError> {
         Generator::new(
@@ -564,6 +620,20 @@ impl Config {
             t.max_grad_norm,
         )?;
         positive("training.decode_check_every", t.decode_check_every)?;
+        if let Some(limit) = &t.time_limit {
+            check(
+                parse_duration(limit).is_ok(),
+                "training.time_limit",
+                "a duration like 90s, 25m, 2h or 1h30m",
+                limit,
+            )?;
+        }
+        check(
+            t.weight_decay.is_finite() && t.weight_decay >= 0.0,
+            "training.weight_decay",
+            ">= 0",
+            t.weight_decay,
+        )?;
         match self.model_kind() {
             ModelKind::Attention => self.reinforce.validate()?,
             ModelKind::Pointer => positive("supervised.labels", self.supervised.labels)?,

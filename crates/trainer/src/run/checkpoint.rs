@@ -38,6 +38,38 @@ pub(crate) struct TrainState {
     /// interrupted run): where that epoch stands.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) in_epoch: Option<EpochProgress>,
+    /// The best validation so far (kept in `checkpoints/best`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) best: Option<BestValidation>,
+}
+
+/// A validation result, compared by gap when the set has references, else by cost.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub(crate) struct BestValidation {
+    /// 1-based epoch (the partial epoch a time limit stopped counts as its number).
+    pub(crate) epoch: usize,
+    pub(crate) val_cost: f64,
+    pub(crate) val_gap: Option<f64>,
+}
+
+impl BestValidation {
+    /// Whether `self` is better than `other` (a missing `other` is beaten by anything).
+    pub(crate) fn beats(&self, other: Option<&BestValidation>) -> bool {
+        match other {
+            None => true,
+            Some(o) => match (self.val_gap, o.val_gap) {
+                (Some(a), Some(b)) => a < b,
+                _ => self.val_cost < o.val_cost,
+            },
+        }
+    }
+
+    pub(crate) fn describe(&self) -> String {
+        match self.val_gap {
+            Some(g) => format!("epoch {}, validation gap {g:.2}%", self.epoch),
+            None => format!("epoch {}, validation cost {:.4}", self.epoch, self.val_cost),
+        }
+    }
 }
 
 /// How far an interrupted epoch got: its steps and their sums, so the resumed epoch ends
@@ -76,6 +108,7 @@ impl TrainState {
         baseline: BaselineState,
         elapsed_seconds: f64,
         in_epoch: Option<EpochProgress>,
+        best: Option<BestValidation>,
     ) -> Self {
         Self {
             format_version: FORMAT_VERSION,
@@ -87,6 +120,7 @@ impl TrainState {
             elapsed_seconds,
             config_toml: config.to_toml(),
             in_epoch,
+            best,
         }
     }
 
@@ -94,7 +128,15 @@ impl TrainState {
     /// resume (a run starts from it with `train --init-from`).
     pub(crate) fn imported(config: &Config) -> Self {
         let rng = InstanceRng::new(config.training.seed);
-        Self::new(config, 0, [&rng, &rng], BaselineState::default(), 0.0, None)
+        Self::new(
+            config,
+            0,
+            [&rng, &rng],
+            BaselineState::default(),
+            0.0,
+            None,
+            None,
+        )
     }
 }
 
@@ -119,6 +161,9 @@ pub(crate) const MODEL_FILE: &str = "model.bpk";
 pub(crate) const OPTIMIZER_FILE: &str = "optimizer.bpk";
 pub(crate) const BASELINE_FILE: &str = "baseline.bpk";
 pub(crate) const STATE_FILE: &str = "state.json";
+/// Pointer files naming the newest and the best checkpoint.
+pub(crate) const LATEST: &str = "latest";
+pub(crate) const BEST: &str = "best";
 
 impl Checkpoints {
     pub(crate) fn new(dir: impl Into<PathBuf>) -> Self {
@@ -144,6 +189,39 @@ impl Checkpoints {
         keep_last: usize,
         write: impl FnOnce(&Path) -> Result<TrainState, TrainError>,
     ) -> Result<PathBuf, TrainError> {
+        let dir = self.write_dir(name, write)?;
+        write_atomic(&self.dir.join(LATEST), name.as_bytes())?;
+        self.prune(keep_last)?;
+        Ok(dir)
+    }
+
+    /// Writes the run's best checkpoint so far as `best-NAME` and points `best` at it;
+    /// earlier best checkpoints are removed.
+    pub(crate) fn save_best(
+        &self,
+        name: &str,
+        write: impl FnOnce(&Path) -> Result<TrainState, TrainError>,
+    ) -> Result<PathBuf, TrainError> {
+        let best = format!("best-{name}");
+        let dir = self.write_dir(&best, write)?;
+        write_atomic(&self.dir.join(BEST), best.as_bytes())?;
+        for old in self
+            .list_prefixed("best-")
+            .into_iter()
+            .filter(|n| *n != best)
+        {
+            let p = self.dir.join(old);
+            std::fs::remove_dir_all(&p).map_err(|e| TrainError::io(&p, e))?;
+        }
+        Ok(dir)
+    }
+
+    /// A complete checkpoint directory `name`, written under a temporary name and renamed.
+    fn write_dir(
+        &self,
+        name: &str,
+        write: impl FnOnce(&Path) -> Result<TrainState, TrainError>,
+    ) -> Result<PathBuf, TrainError> {
         std::fs::create_dir_all(&self.dir).map_err(|e| TrainError::io(&self.dir, e))?;
         let final_dir = self.dir.join(name);
         let tmp_dir = self.dir.join(format!(".{name}.tmp-{}", std::process::id()));
@@ -161,8 +239,6 @@ impl Checkpoints {
         }
         std::fs::rename(&tmp_dir, &final_dir).map_err(|e| TrainError::io(&final_dir, e))?;
         sync_parent(&final_dir)?;
-        write_atomic(&self.dir.join("latest"), name.as_bytes())?;
-        self.prune(keep_last)?;
         Ok(final_dir)
     }
 
@@ -196,9 +272,14 @@ impl Checkpoints {
 
     /// The newest complete checkpoint and its state.
     pub(crate) fn latest(&self) -> Result<(PathBuf, TrainState), TrainError> {
-        let latest = self.dir.join("latest");
-        let name = std::fs::read_to_string(&latest).map_err(|e| {
-            TrainError::checkpoint(&latest, format!("no checkpoint to resume from ({e})"))
+        self.pointed(LATEST)
+    }
+
+    /// The checkpoint a pointer file (`latest`, `best`) names, and its state.
+    pub(crate) fn pointed(&self, pointer: &str) -> Result<(PathBuf, TrainState), TrainError> {
+        let path = self.dir.join(pointer);
+        let name = std::fs::read_to_string(&path).map_err(|e| {
+            TrainError::checkpoint(&path, format!("no `{pointer}` checkpoint ({e})"))
         })?;
         self.named(name.trim())
     }
@@ -235,14 +316,18 @@ impl Checkpoints {
         Ok((dir, state))
     }
 
-    /// The names of the complete checkpoints, oldest first.
+    /// The names of the complete epoch checkpoints, oldest first.
     pub(crate) fn list(&self) -> Vec<String> {
+        self.list_prefixed("epoch-")
+    }
+
+    fn list_prefixed(&self, prefix: &str) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(&self.dir)
             .into_iter()
             .flatten()
             .filter_map(|e| e.ok())
             .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("epoch-"))
+            .filter(|n| n.starts_with(prefix))
             .collect();
         names.sort();
         names

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use burn::module::Module;
+use burn::optim::decay::WeightDecayConfig;
 use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
 use burn::tensor::{Device, DeviceConfig, FloatDType, Tensor};
 use indicatif::ProgressBar;
@@ -22,8 +23,8 @@ use crate::clip::clip_global_norm;
 use crate::config::{Config, Precision};
 use crate::error::TrainError;
 use crate::run::checkpoint::{
-    record_error, save_module, BaselineState, Checkpoints, EpochProgress, TrainState, MODEL_FILE,
-    OPTIMIZER_FILE,
+    record_error, save_module, BaselineState, BestValidation, Checkpoints, EpochProgress,
+    TrainState, MODEL_FILE, OPTIMIZER_FILE,
 };
 use crate::run::interrupt;
 use crate::run::lock::RunLock;
@@ -115,8 +116,20 @@ pub(crate) fn run<M: TrainingMethod>(opts: TrainOptions) -> Result<TrainSummary,
         false => None,
     };
     let mut history = Vec::new();
+    if run.opts.resume && !run.time_is_up() {
+        announce_resume(&run.opts, &run.metrics_path, run.start_epoch)?;
+    }
     for epoch in run.start_epoch..last_epoch {
-        history.push(run.epoch(epoch)?);
+        if run.time_is_up() {
+            run.say_time_is_up(None);
+            break;
+        }
+        let (metrics, stopped) = run.epoch(epoch)?;
+        history.push(metrics);
+        if stopped || run.time_is_up() {
+            run.say_time_is_up(history.last());
+            break;
+        }
     }
     Ok(TrainSummary {
         run_dir: run.opts.run_dir,
@@ -141,6 +154,9 @@ struct Run<M: TrainingMethod> {
     start_epoch: usize,
     /// Where an interrupted epoch stood, for the run that resumes it.
     resume_progress: Option<EpochProgress>,
+    /// The best validation so far, and the run's wall-clock budget in seconds.
+    best: Option<BestValidation>,
+    time_limit: Option<f64>,
     /// This process's claim on the run directory.
     _lock: RunLock,
     /// Wall time of earlier sessions of a resumed run, and when this one started.
@@ -171,7 +187,12 @@ impl<M: TrainingMethod> Run<M> {
         let mut model = seeded(&train_device, Some(t.seed), || {
             M::init_model(config, &train_device)
         })?;
-        let mut optimizer = AdamConfig::new().with_epsilon(1e-8).init();
+        let weight_decay =
+            (t.weight_decay > 0.0).then(|| WeightDecayConfig::new(t.weight_decay as f32));
+        let mut optimizer = AdamConfig::new()
+            .with_epsilon(1e-8)
+            .with_weight_decay(weight_decay)
+            .init();
         let mut rngs = RunRngs {
             train: InstanceRng::new(t.seed ^ TRAIN_STREAM),
             noise: InstanceRng::new(t.seed ^ NOISE_STREAM),
@@ -211,13 +232,12 @@ impl<M: TrainingMethod> Run<M> {
             &model,
         )?;
         let start_epoch = resumed.as_ref().map_or(0, |(_, s)| s.epochs_completed);
-        if resumed.is_some() {
-            announce_resume(&opts, &metrics_path, start_epoch)?;
-        }
         let validation =
             ValidationSet::load(config, &config.generator()?, opts.config_dir.as_deref())?;
         Ok(Self {
             elapsed_before: resumed.as_ref().map_or(0.0, |(_, s)| s.elapsed_seconds),
+            best: resumed.as_ref().and_then(|(_, s)| s.best),
+            time_limit: t.time_limit_seconds(),
             resume_progress: resumed.and_then(|(_, s)| s.in_epoch),
             _lock: lock,
             opts,
@@ -249,8 +269,9 @@ impl<M: TrainingMethod> Run<M> {
         Ok((cost, gap))
     }
 
-    /// One epoch: the steps, validation, the method's end of epoch, metrics, checkpoint.
-    fn epoch(&mut self, epoch: usize) -> Result<EpochMetrics, TrainError> {
+    /// One epoch: the steps, validation, the method's end of epoch, metrics, checkpoint;
+    /// and whether the time limit stopped it part-way.
+    fn epoch(&mut self, epoch: usize) -> Result<(EpochMetrics, bool), TrainError> {
         let epoch_start = Instant::now();
         let t = &self.opts.config.training;
         let lr = t.lr * t.lr_decay.powi(epoch as i32);
@@ -258,6 +279,7 @@ impl<M: TrainingMethod> Run<M> {
         let (first_step, mut times, mut stats, mut totals, seconds_before) = self.epoch_sums();
         let steps = self.method.steps_per_epoch();
         let progress = epoch_bar(&self.opts.config, epoch, steps, self.opts.verbose);
+        let mut steps_done = steps;
         for step in first_step..steps {
             let ctx = StepContext {
                 epoch,
@@ -270,15 +292,20 @@ impl<M: TrainingMethod> Run<M> {
             let out = self.method.step(&self.model, ctx)?;
             totals.add(&out);
             self.learn(out.loss, lr, &mut times, &mut stats);
-            show_progress(&progress, step, &totals, &stats, epoch_start);
+            let left = self.time_left();
+            show_progress(&progress, step, (&totals, &stats), epoch_start, left);
             interrupt::step_done();
             if let Some(signal) = interrupt::pending() {
                 let seconds = seconds_before + epoch_start.elapsed().as_secs_f64();
                 let sums = (&times, &mut stats, &totals, seconds);
                 return Err(self.interrupted(signal, epoch, step + 1, sums));
             }
+            if M::RESUMES_MID_EPOCH && step + 1 < steps && self.time_is_up() {
+                steps_done = step + 1;
+                break;
+            }
         }
-        stats.flush(epoch, steps.saturating_sub(1))?;
+        stats.flush(epoch, steps_done.saturating_sub(1))?;
         if let Some(pb) = progress {
             pb.finish_and_clear();
         }
@@ -306,8 +333,54 @@ impl<M: TrainingMethod> Run<M> {
             elapsed_seconds: self.elapsed_before + self.session_start.elapsed().as_secs_f64(),
             phases: times,
         };
-        self.finish_epoch(epoch, &metrics)?;
-        Ok(metrics)
+        let stopped = steps_done < steps;
+        let progress = stopped.then(|| EpochProgress {
+            steps_done,
+            cost_sum: totals.cost_sum,
+            baseline_sum: totals.baseline_sum,
+            rows: totals.rows,
+            instances: totals.instances,
+            stats_seen: stats.seen,
+            loss_sum: stats.loss_sum,
+            grad_norm_sum: stats.grad_norm_sum,
+            phase_seconds: metrics.phases.to_seconds(),
+            seconds: metrics.seconds,
+        });
+        self.finish_epoch(epoch, &metrics, progress)?;
+        Ok((metrics, stopped))
+    }
+
+    /// Seconds of the time limit left (none without one).
+    fn time_left(&self) -> Option<f64> {
+        let spent = self.elapsed_before + self.session_start.elapsed().as_secs_f64();
+        self.time_limit.map(|limit| limit - spent)
+    }
+
+    fn time_is_up(&self) -> bool {
+        self.time_left().is_some_and(|left| left <= 0.0)
+    }
+
+    fn say_time_is_up(&self, last: Option<&EpochMetrics>) {
+        if !(self.opts.verbose && self.time_is_up()) {
+            return;
+        }
+        let limit = self
+            .opts
+            .config
+            .training
+            .time_limit
+            .as_deref()
+            .unwrap_or("");
+        let best = self
+            .best
+            .map_or(String::new(), |b| format!("; best: {}", b.describe()));
+        match last {
+            Some(m) => eprintln!(
+                "time limit {limit} reached at epoch {} ({:.0} s in all): validated and checkpointed{best}",
+                m.epoch, m.elapsed_seconds
+            ),
+            None => eprintln!("time limit {limit} already reached: nothing to train{best}"),
+        }
     }
 
     /// Where an epoch starts: from scratch, or where an interrupted one stopped (first
@@ -363,7 +436,7 @@ impl<M: TrainingMethod> Run<M> {
                 phase_seconds: times.to_seconds(),
                 seconds,
             });
-            match progress.and_then(|p| self.save_checkpoint(epoch, Some(p))) {
+            match progress.and_then(|p| self.save_checkpoint(epoch, Some(p), false)) {
                 Ok(dir) => format!("saved {}", dir.display()),
                 Err(e) => return e,
             }
@@ -398,45 +471,79 @@ impl<M: TrainingMethod> Run<M> {
         });
     }
 
-    /// The summary, the metrics row, then (at the checkpoint cadence and after the last
-    /// epoch) a checkpoint. Metrics come first: a resume drops rows past its checkpoint.
-    fn finish_epoch(&self, epoch: usize, metrics: &EpochMetrics) -> Result<(), TrainError> {
+    /// The summary, the metrics row, then (at the checkpoint cadence, after the last epoch
+    /// and when a time limit stopped this one part-way, `progress`) a checkpoint, and the
+    /// best checkpoint when validation improved. Metrics come first: a resume drops rows
+    /// past its checkpoint.
+    fn finish_epoch(
+        &mut self,
+        epoch: usize,
+        metrics: &EpochMetrics,
+        progress: Option<EpochProgress>,
+    ) -> Result<(), TrainError> {
         let config = &self.opts.config;
         if self.opts.verbose && config.logging.summary {
             print_summary(metrics, config.training.epochs, &M::describe_costs(metrics));
         }
         append_metrics(&self.metrics_path, metrics)?;
+        let validation = BestValidation {
+            epoch: metrics.epoch,
+            val_cost: metrics.val_cost,
+            val_gap: metrics.val_gap,
+        };
+        let improved = validation.beats(self.best.as_ref());
+        if improved {
+            self.best = Some(validation);
+        }
+        let (whole, steps) = match &progress {
+            Some(p) => (epoch, Some(p.steps_done)),
+            None => (epoch + 1, None),
+        };
         let is_last = metrics.epoch == config.training.epochs;
         let every = config.checkpointing.every_epochs;
-        if !(metrics.epoch.is_multiple_of(every) || is_last) {
-            return Ok(());
+        if progress.is_some() || metrics.epoch.is_multiple_of(every) || is_last {
+            self.save_checkpoint(whole, progress.clone(), false)?;
         }
-        self.save_checkpoint(epoch + 1, None).map(|_| ())
+        if improved {
+            self.save_checkpoint(whole, progress, true)?;
+            if self.opts.verbose && config.logging.summary {
+                let name = Checkpoints::name(whole, steps);
+                eprintln!("  best so far: checkpoints/best-{name}");
+            }
+        }
+        Ok(())
     }
 
-    /// A checkpoint after `epochs` whole epochs (and `in_epoch` of the next one).
+    /// A checkpoint after `epochs` whole epochs (and `in_epoch` of the next one): the
+    /// newest (`latest`), or the best so far (`best`).
     fn save_checkpoint(
         &self,
         epochs: usize,
         in_epoch: Option<EpochProgress>,
+        best: bool,
     ) -> Result<PathBuf, TrainError> {
         let config = &self.opts.config;
         let name = Checkpoints::name(epochs, in_epoch.as_ref().map(|p| p.steps_done));
-        self.checkpoints
-            .save(&name, config.checkpointing.keep_last, |dir| {
-                save_module(&self.model, &dir.join(MODEL_FILE), "model")?;
-                let p = dir.join(OPTIMIZER_FILE);
-                self.optimizer
-                    .save(&p)
-                    .map_err(|e| record_error(&p, "optimizer (saving)", e))?;
-                let mut baseline = BaselineState::default();
-                self.method.save(dir, &mut baseline)?;
-                let elapsed = self.elapsed_before + self.session_start.elapsed().as_secs_f64();
-                let rngs = [&self.rngs.train, &self.rngs.noise];
-                Ok(TrainState::new(
-                    config, epochs, rngs, baseline, elapsed, in_epoch,
-                ))
-            })
+        let write = |dir: &Path| {
+            save_module(&self.model, &dir.join(MODEL_FILE), "model")?;
+            let p = dir.join(OPTIMIZER_FILE);
+            self.optimizer
+                .save(&p)
+                .map_err(|e| record_error(&p, "optimizer (saving)", e))?;
+            let mut baseline = BaselineState::default();
+            self.method.save(dir, &mut baseline)?;
+            let elapsed = self.elapsed_before + self.session_start.elapsed().as_secs_f64();
+            let rngs = [&self.rngs.train, &self.rngs.noise];
+            let state =
+                TrainState::new(config, epochs, rngs, baseline, elapsed, in_epoch, self.best);
+            Ok(state)
+        };
+        match best {
+            true => self.checkpoints.save_best(&name, write),
+            false => self
+                .checkpoints
+                .save(&name, config.checkpointing.keep_last, write),
+        }
     }
 }
 
@@ -452,15 +559,19 @@ impl EpochTotals {
 fn show_progress(
     progress: &Option<ProgressBar>,
     step: usize,
-    totals: &EpochTotals,
-    stats: &StepStats,
+    (totals, stats): (&EpochTotals, &StepStats),
     epoch_start: Instant,
+    time_left: Option<f64>,
 ) {
     if let Some(pb) = progress {
         pb.set_position(step as u64 + 1);
         let per_second = totals.instances as f64 / epoch_start.elapsed().as_secs_f64();
+        let left = time_left.map_or(String::new(), |s| {
+            let s = s.max(0.0) as u64;
+            format!(", {}:{:02}:{:02} left", s / 3600, s / 60 % 60, s % 60)
+        });
         pb.set_message(format!(
-            "{per_second:.0} inst/s, cost {:.4}, loss {:.4}",
+            "{per_second:.0} inst/s, cost {:.4}, loss {:.4}{left}",
             totals.cost_sum / totals.rows.max(1) as f64,
             stats.mean_loss()
         ));

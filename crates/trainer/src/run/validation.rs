@@ -27,7 +27,7 @@ impl ValidationSet {
         let v = &config.validation;
         let options = DecodeOptions::greedy()
             .with_check_every(config.training.decode_check_every)
-            .with_multi_start(v.strategy == ValidationStrategy::Multistart);
+            .with_multi_start(config.validation_strategy() == ValidationStrategy::Multistart);
         let Some(file) = &v.file else {
             let instances = generator.sample_many(&mut InstanceRng::new(v.seed), v.size, "val");
             return Ok(Self {
