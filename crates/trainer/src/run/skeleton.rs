@@ -334,18 +334,8 @@ impl<M: TrainingMethod> Run<M> {
             phases: times,
         };
         let stopped = steps_done < steps;
-        let progress = stopped.then(|| EpochProgress {
-            steps_done,
-            cost_sum: totals.cost_sum,
-            baseline_sum: totals.baseline_sum,
-            rows: totals.rows,
-            instances: totals.instances,
-            stats_seen: stats.seen,
-            loss_sum: stats.loss_sum,
-            grad_norm_sum: stats.grad_norm_sum,
-            phase_seconds: metrics.phases.to_seconds(),
-            seconds: metrics.seconds,
-        });
+        let progress =
+            stopped.then(|| totals.progress(steps_done, &stats, &metrics.phases, metrics.seconds));
         self.finish_epoch(epoch, &metrics, progress)?;
         Ok((metrics, stopped))
     }
@@ -424,18 +414,9 @@ impl<M: TrainingMethod> Run<M> {
             // Burn's running statistics (batch norm) show their last update only once
             // synced; `valid()` syncs them, as the end-of-epoch validation does.
             let _ = self.model.valid();
-            let progress = stats.flush(epoch, steps_done - 1).map(|()| EpochProgress {
-                steps_done,
-                cost_sum: totals.cost_sum,
-                baseline_sum: totals.baseline_sum,
-                rows: totals.rows,
-                instances: totals.instances,
-                stats_seen: stats.seen,
-                loss_sum: stats.loss_sum,
-                grad_norm_sum: stats.grad_norm_sum,
-                phase_seconds: times.to_seconds(),
-                seconds,
-            });
+            let progress = stats
+                .flush(epoch, steps_done - 1)
+                .map(|()| totals.progress(steps_done, stats, times, seconds));
             match progress.and_then(|p| self.save_checkpoint(epoch, Some(p), false)) {
                 Ok(dir) => format!("saved {}", dir.display()),
                 Err(e) => return e,
@@ -548,6 +529,28 @@ impl<M: TrainingMethod> Run<M> {
 }
 
 impl EpochTotals {
+    /// Where an epoch stands after `steps_done` steps, for a checkpoint part-way through.
+    fn progress(
+        &self,
+        steps_done: usize,
+        stats: &StepStats,
+        times: &PhaseTimes,
+        seconds: f64,
+    ) -> EpochProgress {
+        EpochProgress {
+            steps_done,
+            cost_sum: self.cost_sum,
+            baseline_sum: self.baseline_sum,
+            rows: self.rows,
+            instances: self.instances,
+            stats_seen: stats.seen,
+            loss_sum: stats.loss_sum,
+            grad_norm_sum: stats.grad_norm_sum,
+            phase_seconds: times.to_seconds(),
+            seconds,
+        }
+    }
+
     fn add(&mut self, step: &StepLoss) {
         self.cost_sum += step.cost_sum;
         self.baseline_sum += step.baseline_sum;
