@@ -31,7 +31,7 @@ use crate::training::train;
 #[derive(Debug, Args)]
 pub struct CompareArgs {
     /// Training config (TOML); default: the embedded default config. Only the attention
-    /// model (gt-rl) is compared.
+    /// model is compared.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Training steps per backend.

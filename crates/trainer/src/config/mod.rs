@@ -55,7 +55,7 @@ pub struct ProblemConfig {
 
 /// The two models, by the names the CLI, configs and README use: `attention` (Kool's
 /// attention model, trained with REINFORCE) and `pointer` (the LSTM pointer network,
-/// trained supervised on heuristic labels). The names before 0.2 (`gt-rl`, `ptrnet`) are
+/// trained supervised on heuristic labels). The earlier names (`gt-rl`, `ptrnet`) are
 /// still accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
