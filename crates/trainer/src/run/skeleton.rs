@@ -116,19 +116,22 @@ pub(crate) fn run<M: TrainingMethod>(opts: TrainOptions) -> Result<TrainSummary,
         false => None,
     };
     let mut history = Vec::new();
-    if run.opts.resume && !run.time_is_up() {
-        announce_resume(&run.opts, &run.metrics_path, run.start_epoch)?;
-    }
-    for epoch in run.start_epoch..last_epoch {
-        if run.time_is_up() {
-            run.say_time_is_up(None);
-            break;
+    if run.opts.resume && run.time_is_up_at(run.elapsed_before) {
+        run.say_time_is_up(None);
+    } else {
+        if run.opts.resume {
+            announce_resume(&run.opts, &run.metrics_path, run.start_epoch)?;
         }
-        let (metrics, stopped) = run.epoch(epoch)?;
-        history.push(metrics);
-        if stopped || run.time_is_up() {
-            run.say_time_is_up(history.last());
-            break;
+        for epoch in run.start_epoch..last_epoch {
+            // The time recorded with the epoch is its checkpoint's, so a resume decides the
+            // same way.
+            let (metrics, stopped) = run.epoch(epoch)?;
+            let time_up = stopped || run.time_is_up_at(metrics.elapsed_seconds);
+            history.push(metrics);
+            if time_up {
+                run.say_time_is_up(history.last());
+                break;
+            }
         }
     }
     Ok(TrainSummary {
@@ -350,8 +353,13 @@ impl<M: TrainingMethod> Run<M> {
         self.time_left().is_some_and(|left| left <= 0.0)
     }
 
+    /// Whether `elapsed` seconds (of the whole run) exhaust the time limit.
+    fn time_is_up_at(&self, elapsed: f64) -> bool {
+        self.time_limit.is_some_and(|limit| elapsed >= limit)
+    }
+
     fn say_time_is_up(&self, last: Option<&EpochMetrics>) {
-        if !(self.opts.verbose && self.time_is_up()) {
+        if !self.opts.verbose {
             return;
         }
         let limit = self
@@ -417,7 +425,8 @@ impl<M: TrainingMethod> Run<M> {
             let progress = stats
                 .flush(epoch, steps_done - 1)
                 .map(|()| totals.progress(steps_done, stats, times, seconds));
-            match progress.and_then(|p| self.save_checkpoint(epoch, Some(p), false)) {
+            let elapsed = self.elapsed_before + self.session_start.elapsed().as_secs_f64();
+            match progress.and_then(|p| self.save_checkpoint(epoch, Some(p), false, elapsed)) {
                 Ok(dir) => format!("saved {}", dir.display()),
                 Err(e) => return e,
             }
@@ -483,10 +492,10 @@ impl<M: TrainingMethod> Run<M> {
         let is_last = metrics.epoch == config.training.epochs;
         let every = config.checkpointing.every_epochs;
         if progress.is_some() || metrics.epoch.is_multiple_of(every) || is_last {
-            self.save_checkpoint(whole, progress.clone(), false)?;
+            self.save_checkpoint(whole, progress.clone(), false, metrics.elapsed_seconds)?;
         }
         if improved {
-            self.save_checkpoint(whole, progress, true)?;
+            self.save_checkpoint(whole, progress, true, metrics.elapsed_seconds)?;
             if self.opts.verbose && config.logging.summary {
                 let name = Checkpoints::name(whole, steps);
                 eprintln!("  best so far: checkpoints/best-{name}");
@@ -502,6 +511,7 @@ impl<M: TrainingMethod> Run<M> {
         epochs: usize,
         in_epoch: Option<EpochProgress>,
         best: bool,
+        elapsed: f64,
     ) -> Result<PathBuf, TrainError> {
         let config = &self.opts.config;
         let name = Checkpoints::name(epochs, in_epoch.as_ref().map(|p| p.steps_done));
@@ -513,7 +523,6 @@ impl<M: TrainingMethod> Run<M> {
                 .map_err(|e| record_error(&p, "optimizer (saving)", e))?;
             let mut baseline = BaselineState::default();
             self.method.save(dir, &mut baseline)?;
-            let elapsed = self.elapsed_before + self.session_start.elapsed().as_secs_f64();
             let rngs = [&self.rngs.train, &self.rngs.noise];
             let state =
                 TrainState::new(config, epochs, rngs, baseline, elapsed, in_epoch, self.best);
