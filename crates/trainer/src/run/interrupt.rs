@@ -2,6 +2,7 @@
 //! exits with 128 + the signal (130, 143); a second signal exits at once.
 
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::low_level;
@@ -57,14 +58,14 @@ pub(crate) fn name(signal: i32) -> &'static str {
 /// `ROUTEBURN_RAISE_SIGNALS` (`INT`, `TERM`, or `INT,INT` for a second Ctrl-C; default
 /// `INT`) after its K-th step, through the real handlers.
 pub(crate) fn step_done() {
+    static RAISE_AFTER: OnceLock<Option<usize>> = OnceLock::new();
+    let raise_after = RAISE_AFTER.get_or_init(|| {
+        std::env::var("ROUTEBURN_RAISE_AFTER_STEPS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+    });
     let steps = STEPS.fetch_add(1, Ordering::SeqCst) + 1;
-    let Some(k) = std::env::var("ROUTEBURN_RAISE_AFTER_STEPS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    else {
-        return;
-    };
-    if steps != k {
+    if *raise_after != Some(steps) {
         return;
     }
     let signals = std::env::var("ROUTEBURN_RAISE_SIGNALS").unwrap_or_else(|_| "INT".into());
