@@ -425,27 +425,7 @@ fn pointer_network_train_eval_solve() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let sols = dir.join("sols");
-    let out = routeburn()
-        .args(["solve", "--strategy", "greedy", "--checkpoint"])
-        .arg(&run)
-        .arg("--out-dir")
-        .arg(&sols)
-        .arg(data().join("cvrplib/P/P-n16-k8.vrp"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = routeburn()
-        .arg("check")
-        .arg(data().join("cvrplib/P/P-n16-k8.vrp"))
-        .arg(sols.join("P-n16-k8.sol"))
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    solve_greedy_and_check(&run, "P/P-n16-k8", &dir.join("sols"));
 
     // An attention-model config pointed at the pointer network's checkpoint: an error that
     // names the file, not a panic.
@@ -544,6 +524,37 @@ fn compare_backends_same_backend_agrees_exactly() {
         .contains("invalid value 'tpu' for '--backends <BACKENDS>'"));
 }
 
+/// `solve` (greedy) one CVRPLIB instance (`SET/NAME`) with `checkpoint`, then `check` the
+/// written solution: both must succeed.
+fn solve_greedy_and_check(checkpoint: &Path, instance: &str, sols: &Path) {
+    let vrp = data().join(format!("cvrplib/{instance}.vrp"));
+    let out = routeburn()
+        .args(["solve", "--strategy", "greedy", "--checkpoint"])
+        .arg(checkpoint)
+        .arg("--out-dir")
+        .arg(sols)
+        .arg(&vrp)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let name = instance.rsplit('/').next().unwrap();
+    let check = routeburn()
+        .arg("check")
+        .arg(&vrp)
+        .arg(sols.join(format!("{name}.sol")))
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+}
+
 fn stdout_value(out: &std::process::Output, key: &str) -> String {
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text
@@ -612,27 +623,7 @@ fn kool_checkpoint_import_eval_solve_init_from() {
         .unwrap();
     assert_eq!(again.status.code(), Some(2));
 
-    let sols = dir.join("sols");
-    let out = routeburn()
-        .args(["solve", "--strategy", "greedy", "--checkpoint"])
-        .arg(&pt)
-        .arg("--out-dir")
-        .arg(&sols)
-        .arg(data().join("cvrplib/A/A-n32-k5.vrp"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let check = routeburn()
-        .arg("check")
-        .arg(data().join("cvrplib/A/A-n32-k5.vrp"))
-        .arg(sols.join("A-n32-k5.sol"))
-        .output()
-        .unwrap();
-    assert!(check.status.success());
+    solve_greedy_and_check(&pt, "A/A-n32-k5", &dir.join("sols"));
 
     let config = dir.join("finetune.toml");
     std::fs::write(
