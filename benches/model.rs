@@ -35,7 +35,7 @@ fn model_on(c: &mut Criterion, backend: Backend) {
             bench.iter(|| model.encode(&problem).into_data())
         });
         // The step at the depot with every customer open: the widest mask.
-        let pre = model.precompute(model.encode(&problem));
+        let pre = model.precompute(model.encode(&problem), 1);
         let state = CvrpState::new(problem.demands.clone(), problem.capacity.clone());
         group.bench_function(format!("decode_step/{b}x{n}"), |bench| {
             bench.iter(|| {

@@ -15,9 +15,9 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::{log_softmax, softmax};
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Bool, Device, Tensor};
 
-use crate::decode::{repeat_rows, rollout, DecodeOptions, DecodeOutput, Policy};
+use crate::decode::{rollout, DecodeOptions, DecodeOutput, Policy};
 use crate::encoder::{per_node, GraphEncoder, GraphEncoderConfig};
 use crate::problem::DeviceBatch;
 use crate::state::{CvrpState, LoadArithmetic};
@@ -69,18 +69,30 @@ pub struct AttentionModel {
 }
 
 /// Everything the decoder reuses at every step, computed once per batch.
+///
+/// It is kept per instance, not per rollout: a multi-start decode's S rollouts of an
+/// instance share it, and the step reads it as `[B, S, ·]` groups. The step's two linear
+/// maps are folded in here, so a step runs no `[R, d] × [d, d]` product: the step context's
+/// node part is projected for every node (a step gathers the row of the node it stands
+/// at), and the glimpse's output projection is folded into the logit keys.
 #[derive(Debug, Clone)]
 pub struct Precomputed {
-    /// `[R, N, d]` node embeddings.
-    node_embeddings: Tensor<3>,
-    /// `[R, d]` projected graph embedding.
-    fixed_context: Tensor<2>,
-    /// `[R, N, H, dk]` glimpse keys, already divided by √dk.
+    /// `[B, 1, d]` projected graph embedding.
+    fixed_context: Tensor<3>,
+    /// `[B, N, d]` each node's part of the step context: `project_step_context` on its
+    /// embedding, as if the vehicle stood there.
+    last_node_context: Tensor<3>,
+    /// `[1, 1, d]` the remaining capacity's part of the step context (its weight row).
+    capacity_context: Tensor<3>,
+    /// `[B, N, H, dk]` glimpse keys, already divided by √dk.
     glimpse_keys: Tensor<4>,
-    /// `[R, N, H, dk]` glimpse values.
+    /// `[B, N, H, dk]` glimpse values.
     glimpse_values: Tensor<4>,
-    /// `[R, N, d]` logit keys, already divided by √d.
+    /// `[B, N, d]` logit keys, divided by √d and taken back through `project_out`: the
+    /// logits are the heads' concatenated outputs against these.
     logit_keys: Tensor<3>,
+    /// Rollouts per instance: S = n for a multi-start decode, else 1.
+    starts: usize,
 }
 
 impl AttentionModel {
@@ -92,7 +104,7 @@ impl AttentionModel {
     pub fn decode(&self, problem: &DeviceBatch, options: &DecodeOptions) -> DecodeOutput {
         let n = problem.num_nodes() - 1;
         let node_embeddings = self.encode(problem); // [B, N, d]
-        let pre = self.precompute(repeat_rows(node_embeddings, options.rows_per_instance(n)));
+        let pre = self.precompute(node_embeddings, options.rows_per_instance(n));
         let temperature = options.temperature();
         rollout(problem, options, self.load_arithmetic, |state| {
             self.step_log_probs(&pre, state, temperature)
@@ -108,78 +120,84 @@ impl AttentionModel {
             .forward(problem.coords.clone(), problem.demand_fraction())
     }
 
-    /// The decoder's per-batch work, done once before the first step (one row per
-    /// rollout: repeat the embeddings for multi-start).
-    pub fn precompute(&self, node_embeddings: Tensor<3>) -> Precomputed {
-        let [r, n, d] = node_embeddings.dims();
+    /// The decoder's per-batch work, done once before the first step, for `starts`
+    /// rollouts per instance.
+    ///
+    /// # Shapes
+    /// - `node_embeddings`: `[B, N, d]`
+    pub fn precompute(&self, node_embeddings: Tensor<3>, starts: usize) -> Precomputed {
+        let [b, n, d] = node_embeddings.dims();
         let heads = self.num_heads;
         let dk = d / heads;
-        let graph_embedding = node_embeddings.clone().mean_dim(1).reshape([r, d]); // [R, d]
-        let fixed_context = self.project_fixed_context.forward(graph_embedding); // [R, d]
-        let projected = per_node(&self.project_node_embeddings, node_embeddings.clone()); // [R, N, 3d]
+        let graph_embedding = node_embeddings.clone().mean_dim(1).reshape([b, d]); // [B, d]
+        let fixed_context = self
+            .project_fixed_context
+            .forward(graph_embedding)
+            .reshape([b, 1, d]); // [B, 1, d]
+        let projected = per_node(&self.project_node_embeddings, node_embeddings.clone()); // [B, N, 3d]
                                                                                           // The keys are scaled here once rather than the compatibilities at every step.
         let glimpse_keys = projected
             .clone()
             .slice_dim(2, 0..d)
-            .reshape([r, n, heads, dk])
-            / (dk as f64).sqrt(); // [R, N, H, dk]
+            .reshape([b, n, heads, dk])
+            / (dk as f64).sqrt(); // [B, N, H, dk]
         let glimpse_values = projected
             .clone()
             .slice_dim(2, d..2 * d)
-            .reshape([r, n, heads, dk]); // [R, N, H, dk]
-        let logit_keys = projected.slice_dim(2, 2 * d..3 * d) / (d as f64).sqrt(); // [R, N, d]
+            .reshape([b, n, heads, dk]); // [B, N, H, dk]
+                                         // Linear layers here have no bias (Kool's too), so both folds are exact algebra.
+        let step_weight = self.project_step_context.weight.val(); // [d + 1, d]
+        let last_node_context = node_embeddings
+            .reshape([b * n, d])
+            .matmul(step_weight.clone().slice_dim(0, 0..d))
+            .reshape([b, n, d]); // [B, N, d]
+        let capacity_context = step_weight.slice_dim(0, d..d + 1).reshape([1, 1, d]); // [1, 1, d]
+        let out_weight_t = self.project_out.weight.val().transpose(); // [d, d]
+        let logit_keys = (projected.slice_dim(2, 2 * d..3 * d) / (d as f64).sqrt())
+            .reshape([b * n, d])
+            .matmul(out_weight_t)
+            .reshape([b, n, d]); // [B, N, d]
         Precomputed {
-            node_embeddings,
             fixed_context,
+            last_node_context,
+            capacity_context,
             glimpse_keys,
             glimpse_values,
             logit_keys,
+            starts,
         }
     }
 
-    /// Log-probabilities of the next node for every row.
+    /// Log-probabilities of the next node for every row (row `i * S + s` is instance i's
+    /// rollout s).
     ///
     /// # Shapes
-    /// - output: `[R, N]`, −∞ at masked nodes
+    /// - output: `[R, N]`, R = B × S, −∞ at masked nodes
     pub fn step_log_probs(
         &self,
         pre: &Precomputed,
         state: &CvrpState,
         temperature: f64,
     ) -> Tensor<2> {
-        let [r, n, d] = pre.node_embeddings.dims();
-        let heads = self.num_heads;
-        let dk = d / heads;
+        let [b, n, d] = pre.last_node_context.dims();
+        let s = pre.starts;
+        let r = b * s;
         let mask = state.mask(); // [R, N]
 
-        let last = state.last_node().unsqueeze_dim::<3>(2).expand([r, 1, d]); // [R, 1, d]
-        let last_embedding = pre.node_embeddings.clone().gather(1, last).reshape([r, d]); // [R, d]
-        let remaining = state.remaining_capacity_fraction(); // [R, 1]
-                                                             // The step's projections take `[R, ·]` rows: as `[R, 1, ·]` a backend may run R
-                                                             // broadcast matmuls, whose weight gradient is an `[R, d + 1, d]` tensor summed away.
-        let step_context = self
-            .project_step_context
-            .forward(Tensor::cat(vec![last_embedding, remaining], 1)); // [R, d]
-        let query = pre.fixed_context.clone() + step_context; // [R, d]
-
-        // Glimpse: one query per head attends over the unmasked nodes. With a single query
-        // row, a broadcast product summed over the features replaces R × H tiny matmuls
-        // (each a separate gemm call on the CPU backends); nodes stay on axis 1 throughout,
-        // so nothing is transposed at a step.
-        let head_mask = mask.clone().reshape([r, n, 1, 1]).expand([r, n, heads, 1]);
-        let q = query.reshape([r, 1, heads, dk]); // [R, 1, H, dk]
-        let compatibility = (q * pre.glimpse_keys.clone()).sum_dim(3); // [R, N, H, 1]
-        let attention = softmax(compatibility.mask_fill(head_mask, f32::NEG_INFINITY), 1); // [R, N, H, 1]
-        let heads_out = (attention * pre.glimpse_values.clone()).sum_dim(1); // [R, 1, H, dk]
-        let glimpse = self
-            .project_out
-            .forward(heads_out.reshape([r, d]))
-            .reshape([r, 1, d]); // [R, 1, d]
+        let last = state.last_node().reshape([b, s, 1]).expand([b, s, d]); // [B, S, d]
+        let remaining = state.remaining_capacity_fraction().reshape([b, s, 1]); // [B, S, 1]
+        let step_context = pre.last_node_context.clone().gather(1, last)
+            + remaining * pre.capacity_context.clone(); // [B, S, d]
+        let query = pre.fixed_context.clone() + step_context; // [B, S, d]
+        let heads_out = self.glimpse_heads(pre, query, mask.clone()); // [B, S, d]
 
         // Single-head pointer logits, clipped, masked.
-        let logits = (glimpse * pre.logit_keys.clone())
-            .sum_dim(2)
-            .reshape([r, n]); // [R, N]
+        let logits = if s == 1 {
+            (heads_out * pre.logit_keys.clone()).sum_dim(2) // [B, N, 1]
+        } else {
+            heads_out.matmul(pre.logit_keys.clone().swap_dims(1, 2)) // [B, S, N]
+        }
+        .reshape([r, n]); // [R, N]
         let clipped = logits.tanh() * self.tanh_clipping;
         let scaled = if temperature == 1.0 {
             clipped
@@ -187,6 +205,45 @@ impl AttentionModel {
             clipped / temperature
         };
         log_softmax(scaled.mask_fill(mask, f32::NEG_INFINITY), 1)
+    }
+
+    /// The 8-head glimpse: each head's query attends over the unmasked nodes; the heads'
+    /// outputs are concatenated (`project_out` is folded into the logit keys).
+    ///
+    /// One query row per instance (S = 1) is a broadcast product summed over the
+    /// features: as matmuls it would be B × H one-row gemm calls on the CPU backends. With
+    /// S rollouts per instance the same work is a batched matmul against the instance's
+    /// keys, and the broadcast form would build an `[R, N, H, dk]` product at every step.
+    ///
+    /// # Shapes
+    /// - `query`: `[B, S, d]`, `mask`: `[R, N]` → `[B, S, d]`
+    fn glimpse_heads(
+        &self,
+        pre: &Precomputed,
+        query: Tensor<3>,
+        mask: Tensor<2, Bool>,
+    ) -> Tensor<3> {
+        let [b, n, heads, dk] = pre.glimpse_keys.dims();
+        let s = pre.starts;
+        if s == 1 {
+            let q = query.reshape([b, 1, heads, dk]); // [B, 1, H, dk]
+            let compatibility = (q * pre.glimpse_keys.clone()).sum_dim(3); // [B, N, H, 1]
+            let head_mask = mask.reshape([b, n, 1, 1]).expand([b, n, heads, 1]);
+            let attention = softmax(compatibility.mask_fill(head_mask, f32::NEG_INFINITY), 1); // [B, N, H, 1]
+            return (attention * pre.glimpse_values.clone())
+                .sum_dim(1)
+                .reshape([b, 1, heads * dk]); // [B, 1, d]
+        }
+        let q = query.reshape([b, s, heads, dk]).swap_dims(1, 2); // [B, H, S, dk]
+        let keys = pre.glimpse_keys.clone().permute([0, 2, 3, 1]); // [B, H, dk, N]
+        let compatibility = q.matmul(keys); // [B, H, S, N]
+        let head_mask = mask.reshape([b, 1, s, n]).expand([b, heads, s, n]); // [B, H, S, N]
+        let attention = softmax(compatibility.mask_fill(head_mask, f32::NEG_INFINITY), 3); // [B, H, S, N]
+        let values = pre.glimpse_values.clone().swap_dims(1, 2); // [B, H, N, dk]
+        attention
+            .matmul(values) // [B, H, S, dk]
+            .swap_dims(1, 2)
+            .reshape([b, s, heads * dk]) // [B, S, d]
     }
 }
 
@@ -286,7 +343,7 @@ mod tests {
             &device,
         ));
 
-        let pre = model.precompute(embeddings.clone());
+        let pre = model.precompute(embeddings.clone(), 1);
         let ours: Vec<f32> = model
             .step_log_probs(&pre, &state, 1.0)
             .into_data()
@@ -302,6 +359,58 @@ mod tests {
                 assert_eq!(a, b, "entry {i}: masked in the reference");
             } else {
                 assert!((a - b).abs() < 1e-5, "entry {i}: {a} vs {b}");
+            }
+        }
+    }
+
+    /// A multi-start step reads each instance's keys for its S rollouts; the same step on
+    /// embeddings repeated S times, one rollout each, is the reference.
+    #[test]
+    fn grouped_multi_start_step_matches_repeated_rows() {
+        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let encoder = GraphEncoderConfig::new()
+            .with_embed_dim(16)
+            .with_num_heads(4)
+            .with_num_layers(1)
+            .with_feed_forward_dim(32);
+        let model = AttentionModelConfig::new()
+            .with_encoder(encoder)
+            .init(&device);
+        let (b, s, n, d) = (2, 3, 4, 16);
+        let values: Vec<f32> = (0..b * n * d)
+            .map(|i| (i * 29 % 97) as f32 / 40.0 - 1.2)
+            .collect();
+        let embeddings = Tensor::<3>::from_data(TensorData::new(values, [b, n, d]), &device);
+        // Capacity 10, demands 3 each; rollout s of each instance has visited customer s + 1,
+        // so every row has its own mask and load.
+        let demands = Tensor::<2>::from_data(
+            TensorData::new(vec![0.0f32, 3.0, 3.0, 3.0].repeat(b * s), [b * s, n]),
+            &device,
+        );
+        let capacity =
+            Tensor::<2>::from_data(TensorData::new(vec![10.0f32; b * s], [b * s, 1]), &device);
+        let mut state = CvrpState::new(demands, capacity);
+        let first: Vec<i64> = (0..b * s).map(|row| (row % s) as i64 + 1).collect();
+        state.step(Tensor::<2, Int>::from_data(
+            TensorData::new(first, [b * s, 1]),
+            &device,
+        ));
+
+        let read = |t: Tensor<2>| t.into_data().try_to_vec::<f32>().unwrap();
+        let grouped =
+            read(model.step_log_probs(&model.precompute(embeddings.clone(), s), &state, 1.0));
+        let repeated = model.precompute(crate::decode::repeat_rows(embeddings, s), 1);
+        let reference = read(model.step_log_probs(&repeated, &state, 1.0));
+        assert_eq!(grouped.len(), b * s * n);
+        assert!(
+            grouped.iter().any(|x| x.is_infinite()),
+            "some node is masked"
+        );
+        for (i, (a, r)) in grouped.iter().zip(&reference).enumerate() {
+            if r.is_infinite() {
+                assert_eq!(a, r, "entry {i}: masked in the reference");
+            } else {
+                assert!((a - r).abs() < 1e-5, "entry {i}: {a} vs {r}");
             }
         }
     }
