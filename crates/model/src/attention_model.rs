@@ -384,7 +384,7 @@ mod tests {
         // Capacity 10, demands 3 each; rollout s of each instance has visited customer s + 1,
         // so every row has its own mask and load.
         let demands = Tensor::<2>::from_data(
-            TensorData::new(vec![0.0f32, 3.0, 3.0, 3.0].repeat(b * s), [b * s, n]),
+            TensorData::new([0.0f32, 3.0, 3.0, 3.0].repeat(b * s), [b * s, n]),
             &device,
         );
         let capacity =
