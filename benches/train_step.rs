@@ -1,7 +1,8 @@
-//! One full REINFORCE training step (generate, upload, sampled decode, rollout-baseline
-//! decode, download and cost, backward, clip, Adam) through the trainer itself, for
-//! `tiny_1` (n = 10, batch 128) and cvrp20 (n = 20, batch 512), on every CPU backend
-//! compiled in.
+//! One full REINFORCE training step (generate, upload, sampled decode, the baseline's
+//! decode, download and cost, backward, clip, Adam) through the trainer itself, on every
+//! CPU backend compiled in: with the rollout baseline for `tiny_1` (n = 10, batch 128) and
+//! cvrp20 (n = 20, batch 512), and POMO's (multi-start from every customer, instance
+//! norm) for cvrp20 at batch 64 (`configs/cvrp20_25min.toml`'s step).
 //!
 //! Each measurement is a real run of `train` with one epoch of `iters` batches; the time
 //! reported is the sum of the step phases the trainer records, so the run's set-up,
@@ -14,20 +15,31 @@ use routeburn_model::Backend;
 use routeburn_trainer::config::Config;
 use routeburn_trainer::{train, TrainOptions};
 
-fn config(n: usize, batch: usize, batches: u64) -> Config {
+fn config(n: usize, batch: usize, batches: u64, baseline: &str) -> Config {
+    let normalization = if baseline == "pomo" {
+        "instance"
+    } else {
+        "batch"
+    };
     let text = format!(
         r#"
 [problem]
 n = {n}
 
+[model]
+kind = "attention"
+normalization = "{normalization}"
+
 [training]
 epochs = 1
 batch_size = {batch}
-batches_per_epoch = {batches}
 lr = 1e-4
 max_grad_norm = 1.0
 seed = 1234
-baseline = "rollout"
+
+[reinforce]
+batches_per_epoch = {batches}
+baseline = "{baseline}"
 warmup_epochs = 0
 baseline_eval_size = {batch}
 
@@ -56,7 +68,11 @@ fn train_step_on(c: &mut Criterion, backend: Backend) {
     group.sample_size(10);
     group.sampling_mode(SamplingMode::Flat);
     group.measurement_time(Duration::from_secs(20));
-    for (name, n, batch) in [("tiny_1", 10, 128), ("cvrp20", 20, 512)] {
+    for (name, n, batch, baseline) in [
+        ("tiny_1", 10, 128, "rollout"),
+        ("cvrp20", 20, 512, "rollout"),
+        ("cvrp20-pomo", 20, 64, "pomo"),
+    ] {
         group.throughput(Throughput::Elements(batch as u64));
         group.bench_function(format!("{name}/{batch}x{n}"), |bench| {
             bench.iter_custom(|iters| {
@@ -64,7 +80,7 @@ fn train_step_on(c: &mut Criterion, backend: Backend) {
                     .join(format!("routeburn-bench-{}-{name}", std::process::id()));
                 let _ = std::fs::remove_dir_all(&run_dir);
                 let summary = train(TrainOptions {
-                    config: config(n, batch, iters),
+                    config: config(n, batch, iters, baseline),
                     run_dir: run_dir.clone(),
                     backend,
                     resume: false,

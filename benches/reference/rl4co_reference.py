@@ -10,6 +10,9 @@ Run on a quiet machine, e.g.:
       --epochs 20 --lr 5e-4 --lr-decay 0.98 --val-size 1000 --max-minutes 30 \
       --eval data/validation/cvrp20.jsonl
 
+  # rl4co's POMO: training throughput beside routeburn's (benches/reference/pomo_throughput.sh):
+  venv/bin/python benches/reference/rl4co_reference.py pomo --n 20 --batch 64 --batches 20 --threads 2
+
 `forward`: encode + full greedy decode of batch 512 at n = 20, 50, 100 (instances/s),
 the figure routeburn's `model` bench measures.
 `train`: seconds per epoch of REINFORCE with the rollout baseline, Kool's model
@@ -116,6 +119,120 @@ def train(args):
         evaluate(model.policy.eval(), env, args.eval)
 
 
+def pomo(args):
+    """rl4co's POMO at routeburn's model size (d = 128, 8 heads, 3 layers, instance
+    normalisation, the graph context kept as routeburn's model has it). Training
+    throughput, timed per batch with the first `--warmup` batches left out; with
+    `--max-minutes` and `--eval`, routeburn's budget recipe (configs/cvrp20_25min.toml:
+    epochs of `--batches`, Adam at `--lr` decayed by `--lr-decay` per epoch) and then its
+    gaps on a routeburn JSONL set by greedy, multistart and multistart+aug8."""
+    import lightning as L
+    from rl4co.envs import CVRPEnv
+    from rl4co.models import POMO
+
+    class BatchTimer(L.Callback):
+        def __init__(self):
+            self.times = []
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            self.times.append(time.perf_counter() - self.start)
+
+    env = CVRPEnv(generator_params={"num_loc": args.n})
+    scheduler = {}
+    if args.lr_decay != 1.0:
+        scheduler = dict(lr_scheduler="ExponentialLR", lr_scheduler_kwargs={"gamma": args.lr_decay})
+    budget = args.max_minutes is not None
+    model = POMO(
+        env,
+        policy_kwargs={
+            "embed_dim": 128,
+            "num_encoder_layers": 3,
+            "num_heads": 8,
+            "normalization": "instance",
+            "use_graph_context": True,
+        },
+        batch_size=args.batch,
+        train_data_size=args.batch * (args.batches + (0 if budget else args.warmup)),
+        val_data_size=args.batch,
+        num_augment=1,
+        optimizer_kwargs={"lr": args.lr, "weight_decay": 1e-6},
+        **scheduler,
+    )
+    timer = BatchTimer()
+    trainer = L.Trainer(
+        max_epochs=args.epochs if budget else 1,
+        accelerator="cpu",
+        devices=1,
+        precision=args.precision,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[timer],
+        gradient_clip_val=1.0,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        max_time={"minutes": args.max_minutes} if budget else None,
+    )
+    start = time.perf_counter()
+    trainer.fit(model)
+    timed = timer.times[args.warmup:]
+    step = sum(timed) / len(timed)
+    print(
+        f"rl4co pomo n={args.n} batch={args.batch} x {args.n} starts: {len(timed)} steps, "
+        f"{step:.3f} s/step, {args.batch / step:.1f} instances/s, "
+        f"{args.batch * args.n / step:.0f} trajectories/s"
+    )
+    if budget:
+        print(f"rl4co pomo trained {len(timer.times)} steps in {time.perf_counter() - start:.0f} s")
+    if args.eval:
+        evaluate_pomo(model.policy.eval(), env, args.eval, args.n)
+
+
+def evaluate_pomo(policy, env, path, n):
+    """Greedy (one rollout, the policy's own first move), multistart (best of n forced
+    first customers) and multistart+aug8 (also over the 8 dihedral transforms) gaps, as
+    routeburn computes them: mean(cost / reference - 1)."""
+    from rl4co.data.transforms import StateAugmentation
+    from rl4co.utils.ops import unbatchify
+
+    records, td = load_jsonl(path)
+    refs = torch.tensor([r["reference_cost"] for r in records])
+    with torch.inference_mode():
+        greedy = -policy(env.reset(td.clone()), env, phase="test", decode_type="greedy")["reward"]
+        out = policy(env.reset(td.clone()), env, phase="test", decode_type="multistart_greedy", num_starts=n)
+        multistart = -unbatchify(out["reward"], n).max(dim=-1).values
+        augmented = StateAugmentation(num_augment=8)(env.reset(td.clone()))
+        out = policy(augmented, env, phase="test", decode_type="multistart_greedy", num_starts=n)
+        aug8 = -unbatchify(out["reward"], (8, n)).amax(dim=(-2, -1))
+    for name, costs in [("greedy", greedy), ("multistart", multistart), ("multistart+aug8", aug8)]:
+        gap = 100.0 * (costs / refs - 1.0).mean().item()
+        print(f"rl4co pomo {name} on {path}: mean cost {costs.mean().item():.4f}, gap {gap:.3f}%")
+
+
+def load_jsonl(path):
+    """A routeburn JSONL dataset as an rl4co CVRP TensorDict (demands as fractions)."""
+    import json
+
+    from tensordict.tensordict import TensorDict
+
+    records = [json.loads(line) for line in open(path) if line.strip()]
+    td = TensorDict(
+        {
+            "locs": torch.tensor([r["customers"] for r in records], dtype=torch.float32),
+            "depot": torch.tensor([r["depot"] for r in records], dtype=torch.float32),
+            "demand": torch.tensor(
+                [[d / r["capacity"] for d in r["demands"]] for r in records], dtype=torch.float32
+            ),
+            "capacity": torch.tensor([[float(r["capacity"])] for r in records]),
+        },
+        batch_size=[len(records)],
+    )
+    return records, td
+
+
 def evaluate(policy, env, path):
     """Greedy decode of a routeburn JSONL dataset; the mean gap to its reference costs,
     computed as routeburn does: mean(cost / reference - 1)."""
@@ -146,7 +263,7 @@ def evaluate(policy, env, path):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["forward", "train"])
+    p.add_argument("what", choices=["forward", "train", "pomo"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--n", type=int, default=10)
@@ -158,11 +275,12 @@ def main():
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--lr-decay", type=float, default=1.0)
     p.add_argument("--max-minutes", type=float, default=None)
+    p.add_argument("--warmup", type=int, default=2, help="pomo: batches left out of the timing")
     p.add_argument("--eval", default=None, help="a routeburn JSONL dataset with reference costs")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(1234)
-    forward(args) if args.what == "forward" else train(args)
+    {"forward": forward, "train": train, "pomo": pomo}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,9 @@ pub struct GraphEncoderConfig {
     pub feed_forward_dim: usize,
     #[config(default = "Normalization::Batch")]
     pub normalization: Normalization,
+    /// Biases in the attention's projections: Kool's encoder has none, rl4co's has them.
+    #[config(default = false)]
+    pub attention_bias: bool,
 }
 
 impl GraphEncoderConfig {
@@ -98,7 +101,12 @@ impl EncoderLayer {
     fn new(config: &GraphEncoderConfig, device: &Device) -> Self {
         let d = config.embed_dim;
         Self {
-            attention: MultiHeadSelfAttention::new(d, config.num_heads, device),
+            attention: MultiHeadSelfAttention::new(
+                d,
+                config.num_heads,
+                config.attention_bias,
+                device,
+            ),
             attention_norm: Norm::new(config.normalization, d, device),
             feed_forward_in: LinearConfig::new(d, config.feed_forward_dim).init(device),
             feed_forward_out: LinearConfig::new(config.feed_forward_dim, d).init(device),
@@ -120,8 +128,9 @@ impl EncoderLayer {
     }
 }
 
-/// Multi-head self-attention without biases, as in Kool's encoder. Burn's
-/// `MultiHeadAttention` has biases and dropout, so we write the few lines ourselves.
+/// Multi-head self-attention, without biases as in Kool's encoder (or with them, as in
+/// rl4co's). Burn's `MultiHeadAttention` has dropout and separate projections, so we write
+/// the few lines ourselves.
 #[derive(Module, Debug)]
 pub struct MultiHeadSelfAttention {
     /// Queries, keys and values in one projection: `Linear(d, 3d)`.
@@ -131,14 +140,14 @@ pub struct MultiHeadSelfAttention {
 }
 
 impl MultiHeadSelfAttention {
-    fn new(d: usize, num_heads: usize, device: &Device) -> Self {
+    fn new(d: usize, num_heads: usize, bias: bool, device: &Device) -> Self {
         assert!(
             d.is_multiple_of(num_heads),
             "embed_dim {d} is not divisible by num_heads {num_heads}"
         );
         Self {
-            qkv: LinearConfig::new(d, 3 * d).with_bias(false).init(device),
-            out: LinearConfig::new(d, d).with_bias(false).init(device),
+            qkv: LinearConfig::new(d, 3 * d).with_bias(bias).init(device),
+            out: LinearConfig::new(d, d).with_bias(bias).init(device),
             num_heads,
         }
     }

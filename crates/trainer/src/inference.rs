@@ -135,7 +135,9 @@ impl TrainedModel {
             return Ok(Self {
                 model: RoutingModel::from(imported.model).valid(),
                 config: Config::with_model(
-                    imported.graph_size,
+                    imported
+                        .graph_size
+                        .unwrap_or(crate::import::rl4co::ASSUMED_GRAPH_SIZE),
                     ModelConfig::Attention(imported.config),
                 ),
                 checkpoint: run_dir.to_path_buf(),

@@ -1074,3 +1074,71 @@ fn time_limits_and_the_best_checkpoint() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// rl4co's AttentionModel (the extracted fixture): `eval` straight from the `.ckpt` gives
+/// rl4co's own mean greedy cost; `import` writes a run with `attention_bias` that
+/// evaluates the same; Lightning's own file is refused with the extraction command.
+#[test]
+fn rl4co_checkpoint_eval_and_import() {
+    let dir = tmp("rl4co");
+    let ckpt = data().join("rl4co/am-cvrp20.ckpt");
+    let val = data().join("validation/cvrp20.jsonl");
+    let rl4co: Vec<f64> = std::fs::read_to_string(data().join("rl4co/greedy-cvrp20.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["cost"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect();
+    let expected = rl4co.iter().sum::<f64>() / rl4co.len() as f64;
+    let eval = |checkpoint: &Path| {
+        let out = routeburn()
+            .args(["eval", "--checkpoint"])
+            .arg(checkpoint)
+            .arg("--data")
+            .arg(&val)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        (out, stderr)
+    };
+    // rl4co's costs are float32 sums; routeburn's evaluator is exact.
+    let close = |out: &std::process::Output| {
+        let mean: f64 = stdout_value(out, "mean cost").parse().unwrap();
+        assert!(
+            (mean - expected).abs() < 1e-4 * expected,
+            "{mean} vs rl4co's {expected}"
+        );
+    };
+    let (direct, stderr) = eval(&ckpt);
+    assert!(direct.status.success(), "{stderr}");
+    close(&direct);
+
+    let run = dir.join("am");
+    let out = routeburn()
+        .arg("import")
+        .arg(&ckpt)
+        .arg("--out")
+        .arg(&run)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stderr.contains("[problem] n = 20"),
+        "{stderr}"
+    );
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(config.contains("attention_bias = true"), "{config}");
+    let (imported, _) = eval(&run);
+    assert_eq!(
+        stdout_value(&imported, "mean cost"),
+        stdout_value(&direct, "mean cost")
+    );
+
+    let (lightning, stderr) = eval(&data().join("rl4co/am-cvrp20-lightning.ckpt"));
+    assert_eq!(lightning.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("torch.save({'state_dict'"), "{stderr}");
+    std::fs::remove_dir_all(&dir).ok();
+}

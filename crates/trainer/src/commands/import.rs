@@ -7,7 +7,7 @@ use routeburn_model::Backend;
 use crate::atomic::write_atomic;
 use crate::config::{Config, ModelConfig};
 use crate::error::TrainError;
-use crate::import::import;
+use crate::import::{import, rl4co};
 use crate::run::checkpoint::{save_module, Checkpoints, TrainState, MODEL_FILE};
 
 #[derive(Debug, Args)]
@@ -35,7 +35,15 @@ pub(crate) fn run(args: ImportArgs) -> Result<ExitCode, TrainError> {
         "d = {}, {} layers, {} heads, {:?} normalisation, tanh clipping {}, load arithmetic {:?}",
         a.embed_dim, a.num_layers, a.num_heads, a.normalization, a.tanh_clipping, a.load_arithmetic
     );
-    let config = Config::with_model(imported.graph_size, ModelConfig::Attention(imported.config));
+    let trained_on = match imported.graph_size {
+        Some(n) => format!("trained on {n} customers"),
+        None => format!(
+            "the file does not say for how many customers: [problem] n = {} in config.toml",
+            rl4co::ASSUMED_GRAPH_SIZE
+        ),
+    };
+    let n = imported.graph_size.unwrap_or(rl4co::ASSUMED_GRAPH_SIZE);
+    let config = Config::with_model(n, ModelConfig::Attention(imported.config));
     std::fs::create_dir_all(&args.out).map_err(|e| TrainError::io(&args.out, e))?;
     write_atomic(&args.out.join("config.toml"), config.to_toml().as_bytes())?;
     let checkpoints = Checkpoints::new(args.out.join(&config.checkpointing.dir));
@@ -48,9 +56,8 @@ pub(crate) fn run(args: ImportArgs) -> Result<ExitCode, TrainError> {
         },
     )?;
     eprintln!(
-        "imported {} ({summary}; trained on {} customers) into {}",
+        "imported {} ({summary}; {trained_on}) into {}",
         args.checkpoint.display(),
-        config.problem.n,
         dir.display()
     );
     Ok(ExitCode::SUCCESS)

@@ -103,6 +103,9 @@ pub struct AttentionConfig {
     pub num_layers: usize,
     pub feed_forward_dim: usize,
     pub normalization: Normalization,
+    /// Biases in the encoder's attention projections (rl4co's models have them).
+    #[serde(skip_serializing_if = "is_false")]
+    pub attention_bias: bool,
     pub tanh_clipping: f64,
     /// How a route's load meets the capacity in the masks: `exact` (integer demand units),
     /// or `float32` (Kool's code: float32 fractions of the capacity; imported models).
@@ -118,10 +121,15 @@ impl Default for AttentionConfig {
             num_layers: m.encoder.num_layers,
             feed_forward_dim: m.encoder.feed_forward_dim,
             normalization: m.encoder.normalization,
+            attention_bias: m.encoder.attention_bias,
             tanh_clipping: m.tanh_clipping,
             load_arithmetic: m.load_arithmetic,
         }
     }
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl AttentionConfig {
@@ -133,7 +141,8 @@ impl AttentionConfig {
                     .with_num_heads(self.num_heads)
                     .with_num_layers(self.num_layers)
                     .with_feed_forward_dim(self.feed_forward_dim)
-                    .with_normalization(self.normalization),
+                    .with_normalization(self.normalization)
+                    .with_attention_bias(self.attention_bias),
             )
             .with_tanh_clipping(self.tanh_clipping)
             .with_load_arithmetic(self.load_arithmetic)
