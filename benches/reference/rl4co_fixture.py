@@ -17,26 +17,17 @@ trailing depot returns dropped) and `cost` (-reward).
 import argparse
 import json
 import os
+import sys
 
 import torch
 
 
 def instances(path, count):
-    from tensordict.tensordict import TensorDict
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from rl4co_reference import load_jsonl
 
-    records = [json.loads(line) for line in open(path) if line.strip()][:count]
-    td = TensorDict(
-        {
-            "locs": torch.tensor([r["customers"] for r in records], dtype=torch.float32),
-            "depot": torch.tensor([r["depot"] for r in records], dtype=torch.float32),
-            "demand": torch.tensor(
-                [[d / r["capacity"] for d in r["demands"]] for r in records], dtype=torch.float32
-            ),
-            "capacity": torch.tensor([[float(r["capacity"])] for r in records]),
-        },
-        batch_size=[len(records)],
-    )
-    return records, td
+    records, td = load_jsonl(path)
+    return records[:count], td[:count]
 
 
 def main():

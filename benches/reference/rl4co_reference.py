@@ -236,23 +236,8 @@ def load_jsonl(path):
 def evaluate(policy, env, path):
     """Greedy decode of a routeburn JSONL dataset; the mean gap to its reference costs,
     computed as routeburn does: mean(cost / reference - 1)."""
-    import json
-
-    from tensordict.tensordict import TensorDict
-
-    records = [json.loads(line) for line in open(path) if line.strip()]
+    records, td = load_jsonl(path)
     b = len(records)
-    td = TensorDict(
-        {
-            "locs": torch.tensor([r["customers"] for r in records], dtype=torch.float32),
-            "depot": torch.tensor([r["depot"] for r in records], dtype=torch.float32),
-            "demand": torch.tensor(
-                [[d / r["capacity"] for d in r["demands"]] for r in records], dtype=torch.float32
-            ),
-            "capacity": torch.tensor([[float(r["capacity"])] for r in records]),
-        },
-        batch_size=[b],
-    )
     with torch.inference_mode():
         out = policy(env.reset(td), env, phase="test", decode_type="greedy")
     costs = (-out["reward"]).tolist()

@@ -307,17 +307,35 @@ mod tests {
         log_softmax(clipped.mask_fill(mask, f32::NEG_INFINITY), 1)
     }
 
-    #[test]
-    fn decoder_step_matches_kools_matmul_form() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
+    /// d = 16, 4 heads, one encoder layer.
+    fn small_model(device: &Device) -> AttentionModel {
         let encoder = GraphEncoderConfig::new()
             .with_embed_dim(16)
             .with_num_heads(4)
             .with_num_layers(1)
             .with_feed_forward_dim(32);
-        let model = AttentionModelConfig::new()
+        AttentionModelConfig::new()
             .with_encoder(encoder)
-            .init(&device);
+            .init(device)
+    }
+
+    /// The same masked entries (−∞), and the others within 1e-5; some entry is masked.
+    fn assert_log_probs_close(ours: &[f32], reference: &[f32]) {
+        assert_eq!(ours.len(), reference.len());
+        assert!(ours.iter().any(|x| x.is_infinite()), "some node is masked");
+        for (i, (a, b)) in ours.iter().zip(reference).enumerate() {
+            if b.is_infinite() {
+                assert_eq!(a, b, "entry {i}: masked in the reference");
+            } else {
+                assert!((a - b).abs() < 1e-5, "entry {i}: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn decoder_step_matches_kools_matmul_form() {
+        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let model = small_model(&device);
         let (r, n, d) = (3, 6, 16);
         let values: Vec<f32> = (0..r * n * d)
             .map(|i| (i * 37 % 101) as f32 / 50.0 - 1.0)
@@ -353,14 +371,7 @@ mod tests {
             .into_data()
             .try_to_vec::<f32>()
             .unwrap();
-        assert!(ours.iter().any(|x| x.is_infinite()), "some node is masked");
-        for (i, (a, b)) in ours.iter().zip(&reference).enumerate() {
-            if b.is_infinite() {
-                assert_eq!(a, b, "entry {i}: masked in the reference");
-            } else {
-                assert!((a - b).abs() < 1e-5, "entry {i}: {a} vs {b}");
-            }
-        }
+        assert_log_probs_close(&ours, &reference);
     }
 
     /// A multi-start step reads each instance's keys for its S rollouts; the same step on
@@ -368,14 +379,7 @@ mod tests {
     #[test]
     fn grouped_multi_start_step_matches_repeated_rows() {
         let device = Backend::default_compiled().unwrap().device().unwrap();
-        let encoder = GraphEncoderConfig::new()
-            .with_embed_dim(16)
-            .with_num_heads(4)
-            .with_num_layers(1)
-            .with_feed_forward_dim(32);
-        let model = AttentionModelConfig::new()
-            .with_encoder(encoder)
-            .init(&device);
+        let model = small_model(&device);
         let (b, s, n, d) = (2, 3, 4, 16);
         let values: Vec<f32> = (0..b * n * d)
             .map(|i| (i * 29 % 97) as f32 / 40.0 - 1.2)
@@ -402,16 +406,6 @@ mod tests {
         let repeated = model.precompute(crate::decode::repeat_rows(embeddings, s), 1);
         let reference = read(model.step_log_probs(&repeated, &state, 1.0));
         assert_eq!(grouped.len(), b * s * n);
-        assert!(
-            grouped.iter().any(|x| x.is_infinite()),
-            "some node is masked"
-        );
-        for (i, (a, r)) in grouped.iter().zip(&reference).enumerate() {
-            if r.is_infinite() {
-                assert_eq!(a, r, "entry {i}: masked in the reference");
-            } else {
-                assert!((a - r).abs() < 1e-5, "entry {i}: {a} vs {r}");
-            }
-        }
+        assert_log_probs_close(&grouped, &reference);
     }
 }
