@@ -63,6 +63,26 @@ def patch_rollout_baseline():
     REINFORCE.shared_step = shared_step
 
 
+def cpu_trainer(args, epochs, callback, **extra):
+    """A Lightning trainer on the CPU with routeburn's gradient clipping (1.0), no logger,
+    checkpoints or progress bar, stopped by `--max-minutes` if given."""
+    import lightning as L
+
+    return L.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        devices=1,
+        precision=args.precision,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[callback],
+        gradient_clip_val=1.0,
+        max_time=None if args.max_minutes is None else {"minutes": args.max_minutes},
+        **extra,
+    )
+
+
 def train(args):
     import lightning as L
     from rl4co.envs import CVRPEnv
@@ -100,18 +120,7 @@ def train(args):
         optimizer_kwargs={"lr": args.lr},
         **scheduler,
     )
-    trainer = L.Trainer(
-        max_epochs=args.epochs,
-        accelerator="cpu",
-        devices=1,
-        precision=args.precision,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        callbacks=[EpochTimer()],
-        gradient_clip_val=1.0,
-        max_time=None if args.max_minutes is None else {"minutes": args.max_minutes},
-    )
+    trainer = cpu_trainer(args, args.epochs, EpochTimer())
     start = time.perf_counter()
     trainer.fit(model)
     print(f"rl4co trained {trainer.current_epoch} epochs in {time.perf_counter() - start:.0f} s")
@@ -162,19 +171,8 @@ def pomo(args):
         **scheduler,
     )
     timer = BatchTimer()
-    trainer = L.Trainer(
-        max_epochs=args.epochs if budget else 1,
-        accelerator="cpu",
-        devices=1,
-        precision=args.precision,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        callbacks=[timer],
-        gradient_clip_val=1.0,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        max_time={"minutes": args.max_minutes} if budget else None,
+    trainer = cpu_trainer(
+        args, args.epochs if budget else 1, timer, num_sanity_val_steps=0, limit_val_batches=0
     )
     start = time.perf_counter()
     trainer.fit(model)

@@ -568,6 +568,28 @@ fn stdout_value(out: &std::process::Output, key: &str) -> String {
         .to_string()
 }
 
+/// `routeburn eval --checkpoint CHECKPOINT --data DATA` (greedy).
+fn eval_checkpoint(checkpoint: &Path, data: &Path) -> std::process::Output {
+    routeburn()
+        .args(["eval", "--checkpoint"])
+        .arg(checkpoint)
+        .arg("--data")
+        .arg(data)
+        .output()
+        .unwrap()
+}
+
+/// `routeburn import CHECKPOINT --out RUN`.
+fn import_to(checkpoint: &Path, run: &Path) -> std::process::Output {
+    routeburn()
+        .arg("import")
+        .arg(checkpoint)
+        .arg("--out")
+        .arg(run)
+        .output()
+        .unwrap()
+}
+
 /// Kool's published CVRP20 model: evaluated straight from the `.pt`, imported into a run
 /// directory (the same gap), solved, and fine-tuned with `--init-from`, whose validation
 /// of the starting weights equals the imported model's.
@@ -577,13 +599,7 @@ fn kool_checkpoint_import_eval_solve_init_from() {
     let pt = data().join("kool-pretrained/cvrp_20/epoch-99.pt");
     let val = data().join("validation/cvrp20.jsonl");
     let eval = |checkpoint: &Path| {
-        let out = routeburn()
-            .args(["eval", "--checkpoint"])
-            .arg(checkpoint)
-            .arg("--data")
-            .arg(&val)
-            .output()
-            .unwrap();
+        let out = eval_checkpoint(checkpoint, &val);
         assert!(
             out.status.success(),
             "{}",
@@ -596,13 +612,7 @@ fn kool_checkpoint_import_eval_solve_init_from() {
     assert_eq!(stdout_value(&direct, "mean gap"), "4.921%");
 
     let run = dir.join("k20");
-    let out = routeburn()
-        .arg("import")
-        .arg(&pt)
-        .arg("--out")
-        .arg(&run)
-        .output()
-        .unwrap();
+    let out = import_to(&pt, &run);
     assert!(
         out.status.success(),
         "{}",
@@ -614,13 +624,7 @@ fn kool_checkpoint_import_eval_solve_init_from() {
         stdout_value(&direct, "mean cost")
     );
     // Importing over a run is refused.
-    let again = routeburn()
-        .arg("import")
-        .arg(&pt)
-        .arg("--out")
-        .arg(&run)
-        .output()
-        .unwrap();
+    let again = import_to(&pt, &run);
     assert_eq!(again.status.code(), Some(2));
 
     solve_greedy_and_check(&pt, "A/A-n32-k5", &dir.join("sols"));
@@ -1094,13 +1098,7 @@ fn rl4co_checkpoint_eval_and_import() {
         .collect();
     let expected = rl4co.iter().sum::<f64>() / rl4co.len() as f64;
     let eval = |checkpoint: &Path| {
-        let out = routeburn()
-            .args(["eval", "--checkpoint"])
-            .arg(checkpoint)
-            .arg("--data")
-            .arg(&val)
-            .output()
-            .unwrap();
+        let out = eval_checkpoint(checkpoint, &val);
         let stderr = String::from_utf8_lossy(&out.stderr).to_string();
         (out, stderr)
     };
@@ -1117,13 +1115,7 @@ fn rl4co_checkpoint_eval_and_import() {
     close(&direct);
 
     let run = dir.join("am");
-    let out = routeburn()
-        .arg("import")
-        .arg(&ckpt)
-        .arg("--out")
-        .arg(&run)
-        .output()
-        .unwrap();
+    let out = import_to(&ckpt, &run);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success() && stderr.contains("[problem] n = 20"),
