@@ -132,14 +132,10 @@ impl TrainedModel {
     pub(crate) fn load(run_dir: &Path, device: &Device) -> Result<Self, TrainError> {
         if is_pytorch_file(run_dir) {
             let imported = import(run_dir, device)?;
+            let n = imported.problem_size();
             return Ok(Self {
                 model: RoutingModel::from(imported.model).valid(),
-                config: Config::with_model(
-                    imported
-                        .graph_size
-                        .unwrap_or(crate::import::rl4co::ASSUMED_GRAPH_SIZE),
-                    ModelConfig::Attention(imported.config),
-                ),
+                config: Config::with_model(n, ModelConfig::Attention(imported.config)),
                 checkpoint: run_dir.to_path_buf(),
             });
         }

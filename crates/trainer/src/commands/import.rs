@@ -42,8 +42,10 @@ pub(crate) fn run(args: ImportArgs) -> Result<ExitCode, TrainError> {
             rl4co::ASSUMED_GRAPH_SIZE
         ),
     };
-    let n = imported.graph_size.unwrap_or(rl4co::ASSUMED_GRAPH_SIZE);
-    let config = Config::with_model(n, ModelConfig::Attention(imported.config));
+    let config = Config::with_model(
+        imported.problem_size(),
+        ModelConfig::Attention(imported.config),
+    );
     std::fs::create_dir_all(&args.out).map_err(|e| TrainError::io(&args.out, e))?;
     write_atomic(&args.out.join("config.toml"), config.to_toml().as_bytes())?;
     let checkpoints = Checkpoints::new(args.out.join(&config.checkpointing.dir));

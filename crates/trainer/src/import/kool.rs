@@ -17,7 +17,7 @@ use burn::tensor::Device;
 use routeburn_model::{LoadArithmetic, Normalization};
 use serde::Deserialize;
 
-use super::{apply, read_state_dict, Imported, Source, Weights};
+use super::{apply, normalization_named, read_state_dict, Imported, Source, Weights};
 use crate::config::AttentionConfig;
 use crate::error::TrainError;
 
@@ -44,16 +44,15 @@ pub(super) fn import(path: &Path, device: &Device) -> Result<Imported, TrainErro
     };
     let heads = source.get("embedder.layers.0.0.module.W_query")?.shape[0];
     let feed_forward_dim = source.get("embedder.layers.0.2.module.0.bias")?.shape[0];
-    let normalization = match args.normalization.as_str() {
-        "batch" => Normalization::Batch,
-        "instance" => Normalization::Instance,
-        other => {
-            return Err(TrainError::checkpoint(
-                args_path(path),
-                format!("normalization `{other}`: routeburn imports `batch` or `instance`"),
-            ))
-        }
-    };
+    let normalization = normalization_named(&args.normalization).ok_or_else(|| {
+        TrainError::checkpoint(
+            args_path(path),
+            format!(
+                "normalization `{}`: routeburn imports `batch`, `instance` or `layer`",
+                args.normalization
+            ),
+        )
+    })?;
     let config = AttentionConfig {
         embed_dim: args.embedding_dim,
         num_heads: heads,

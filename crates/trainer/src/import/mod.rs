@@ -31,6 +31,24 @@ pub(crate) struct Imported {
     pub(crate) model: AttentionModel,
 }
 
+impl Imported {
+    /// `[problem] n` for runs made from the model: its training size, or
+    /// [`rl4co::ASSUMED_GRAPH_SIZE`] where the file does not say.
+    pub(crate) fn problem_size(&self) -> usize {
+        self.graph_size.unwrap_or(rl4co::ASSUMED_GRAPH_SIZE)
+    }
+}
+
+/// The normalisation a source names `batch`, `instance` or `layer`.
+fn normalization_named(name: &str) -> Option<Normalization> {
+    match name {
+        "batch" => Some(Normalization::Batch),
+        "instance" => Some(Normalization::Instance),
+        "layer" => Some(Normalization::Layer),
+        _ => None,
+    }
+}
+
 /// A float tensor of the checkpoint: shape and values, and the name it had there.
 pub(crate) struct Weights {
     shape: Vec<usize>,

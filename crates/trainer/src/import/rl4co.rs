@@ -27,7 +27,7 @@ use burn::tensor::Device;
 use routeburn_model::{LoadArithmetic, Normalization};
 use serde::Deserialize;
 
-use super::{apply, read_state_dict, Imported, Source};
+use super::{apply, normalization_named, read_state_dict, Imported, Source};
 use crate::config::AttentionConfig;
 use crate::error::TrainError;
 
@@ -206,15 +206,13 @@ fn read_policy_kwargs(path: &Path) -> Result<PolicyKwargs, TrainError> {
 }
 
 fn normalization(path: &Path, k: &PolicyKwargs) -> Result<Normalization, TrainError> {
-    match k.normalization.as_deref() {
-        Some("batch") => Ok(Normalization::Batch),
-        Some("instance") => Ok(Normalization::Instance),
-        Some("layer") => Ok(Normalization::Layer),
-        other => Err(TrainError::checkpoint(
+    let name = k.normalization.as_deref();
+    name.and_then(normalization_named).ok_or_else(|| {
+        TrainError::checkpoint(
             path,
             format!(
-                "policy_kwargs normalization = {other:?}: routeburn imports `batch`, `instance` or `layer`"
+                "policy_kwargs normalization = {name:?}: routeburn imports `batch`, `instance` or `layer`"
             ),
-        )),
-    }
+        )
+    })
 }
