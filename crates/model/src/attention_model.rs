@@ -18,6 +18,7 @@ use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::{Bool, Device, Tensor};
 
 use crate::decode::{rollout, DecodeOptions, DecodeOutput, Policy};
+use crate::decoder_step::{fused_on, fused_step, StepKernel};
 use crate::encoder::{per_node, GraphEncoder, GraphEncoderConfig};
 use crate::problem::DeviceBatch;
 use crate::state::{CvrpState, LoadArithmetic};
@@ -32,6 +33,9 @@ pub struct AttentionModelConfig {
     /// How loads meet the capacity in the masks (Kool's published models: `Float32`).
     #[config(default = "LoadArithmetic::Exact")]
     pub load_arithmetic: LoadArithmetic,
+    /// The fused decoder step where the backend has one, or Burn's ops one by one.
+    #[config(default = "StepKernel::Fused")]
+    pub decoder_step: StepKernel,
 }
 
 impl AttentionModelConfig {
@@ -47,6 +51,7 @@ impl AttentionModelConfig {
             num_heads: self.encoder.num_heads,
             tanh_clipping: self.tanh_clipping,
             load_arithmetic: self.load_arithmetic,
+            step_kernel: self.decoder_step,
         }
     }
 }
@@ -66,6 +71,10 @@ pub struct AttentionModel {
     tanh_clipping: f64,
     #[module(skip)]
     load_arithmetic: LoadArithmetic,
+    /// The fused decoder step where the backend has one (not saved: a run's numbers do
+    /// not depend on it beyond float rounding).
+    #[module(skip)]
+    step_kernel: StepKernel,
 }
 
 /// Everything the decoder reuses at every step, computed once per batch.
@@ -168,6 +177,12 @@ impl AttentionModel {
         }
     }
 
+    /// The model with its decoder step run in `kernel`'s form.
+    pub fn with_step_kernel(mut self, kernel: StepKernel) -> Self {
+        self.step_kernel = kernel;
+        self
+    }
+
     /// Log-probabilities of the next node for every row (row `i * S + s` is instance i's
     /// rollout s).
     ///
@@ -179,9 +194,8 @@ impl AttentionModel {
         state: &CvrpState,
         temperature: f64,
     ) -> Tensor<2> {
-        let [b, n, d] = pre.last_node_context.dims();
+        let [b, _, d] = pre.last_node_context.dims();
         let s = pre.starts;
-        let r = b * s;
         let mask = state.mask(); // [R, N]
 
         let last = state.last_node().reshape([b, s, 1]).expand([b, s, d]); // [B, S, d]
@@ -189,6 +203,35 @@ impl AttentionModel {
         let step_context = pre.last_node_context.clone().gather(1, last)
             + remaining * pre.capacity_context.clone(); // [B, S, d]
         let query = pre.fixed_context.clone() + step_context; // [B, S, d]
+        if self.step_kernel == StepKernel::Fused && fused_on(&query.device()) {
+            return fused_step(
+                query,
+                pre.glimpse_keys.clone(),
+                pre.glimpse_values.clone(),
+                pre.logit_keys.clone(),
+                mask,
+                self.tanh_clipping,
+                temperature,
+            );
+        }
+        self.step_op_by_op(pre, query, mask, temperature)
+    }
+
+    /// The decoder step from the query on, in Burn's tensor operations: what backends
+    /// without a fused step run, and the reference the fused step is tested against.
+    ///
+    /// # Shapes
+    /// - `query`: `[B, S, d]`, `mask`: `[R, N]` → `[R, N]`
+    fn step_op_by_op(
+        &self,
+        pre: &Precomputed,
+        query: Tensor<3>,
+        mask: Tensor<2, Bool>,
+        temperature: f64,
+    ) -> Tensor<2> {
+        let [b, n, _] = pre.last_node_context.dims();
+        let s = pre.starts;
+        let r = b * s;
         let heads_out = self.glimpse_heads(pre, query, mask.clone()); // [B, S, d]
 
         // Single-head pointer logits, clipped, masked.
@@ -259,6 +302,7 @@ mod tests {
 
     use super::*;
     use crate::backend::Backend;
+    use crate::decoder_step::fused_on;
     use crate::encoder::GraphEncoderConfig;
 
     /// Kool's decoder step written as he does, with matmuls on transposed keys: the
@@ -374,6 +418,173 @@ mod tests {
         assert_log_probs_close(&ours, &reference);
     }
 
+    /// Deterministic values in [-scale, scale] from a small LCG.
+    fn pseudo_random(len: usize, seed: u64, scale: f32) -> Vec<f32> {
+        let mut x = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..len)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+
+    /// Masks of every kind a decode meets: only the depot left (a finished row), one
+    /// customer left, nothing masked, and random ones with some node open.
+    fn step_masks(rows: usize, n: usize) -> Vec<bool> {
+        let noise = pseudo_random(rows * n, 99, 1.0);
+        (0..rows)
+            .flat_map(|r| {
+                let noise = &noise[r * n..(r + 1) * n];
+                (0..n).map(move |j| match r % 4 {
+                    0 => j != 0,
+                    1 => j != n - 1,
+                    2 => false,
+                    _ => j != r % n && noise[j] > 0.0,
+                })
+            })
+            .collect()
+    }
+
+    struct StepCase {
+        b: usize,
+        s: usize,
+        n: usize,
+        temperature: f64,
+    }
+
+    /// The step's log-probabilities and the gradients of its four float inputs, from the
+    /// fused op or the op-by-op form, on the same inputs and the same upstream gradient.
+    fn step_and_grads(case: &StepCase, fused: bool) -> Vec<Vec<f32>> {
+        let device = Backend::default_compiled()
+            .unwrap()
+            .device()
+            .unwrap()
+            .autodiff();
+        assert!(
+            fused_on(&device),
+            "the tests run where the fused step exists"
+        );
+        let model = small_model(&device);
+        let (b, s, n, heads, dk) = (case.b, case.s, case.n, 4, 4);
+        let d = heads * dk;
+        let leaf = |seed, shape: Vec<usize>| {
+            let len = shape.iter().product();
+            let data = TensorData::new(pseudo_random(len, seed, 1.5), shape);
+            (data, device.clone())
+        };
+        let tracked3 = |(data, device): (TensorData, Device)| {
+            Tensor::<3>::from_data(data, &device).require_grad()
+        };
+        let tracked4 = |(data, device): (TensorData, Device)| {
+            Tensor::<4>::from_data(data, &device).require_grad()
+        };
+        let query = tracked3(leaf(1, vec![b, s, d]));
+        let keys = tracked4(leaf(2, vec![b, n, heads, dk]));
+        let values = tracked4(leaf(3, vec![b, n, heads, dk]));
+        let logit_keys = tracked3(leaf(4, vec![b, n, d]));
+        let mask = Tensor::<2, Bool>::from_data(
+            TensorData::new(step_masks(b * s, n), [b * s, n]),
+            &device,
+        );
+        let log_probs = if fused {
+            fused_step(
+                query.clone(),
+                keys.clone(),
+                values.clone(),
+                logit_keys.clone(),
+                mask.clone(),
+                model.tanh_clipping,
+                case.temperature,
+            )
+        } else {
+            let pre = Precomputed {
+                fixed_context: Tensor::zeros([b, 1, d], &device),
+                last_node_context: Tensor::zeros([b, n, d], &device),
+                capacity_context: Tensor::zeros([1, 1, d], &device),
+                glimpse_keys: keys.clone(),
+                glimpse_values: values.clone(),
+                logit_keys: logit_keys.clone(),
+                starts: s,
+            };
+            model.step_op_by_op(&pre, query.clone(), mask.clone(), case.temperature)
+        };
+        // An upstream gradient on every open node, as a loss over all of them would give.
+        let weights = Tensor::<1>::from_data(
+            TensorData::new(pseudo_random(b * s * n, 5, 1.0), [b * s * n]),
+            &device,
+        )
+        .reshape([b * s, n]);
+        let loss = (log_probs.clone().mask_fill(mask, 0.0) * weights).sum();
+        let grads = loss.backward();
+        let read = |t: Tensor<1>| t.into_data().try_to_vec::<f32>().unwrap();
+        vec![
+            read(log_probs.reshape([b * s * n])),
+            read(query.grad(&grads).unwrap().reshape([b * s * d])),
+            read(keys.grad(&grads).unwrap().reshape([b * n * d])),
+            read(values.grad(&grads).unwrap().reshape([b * n * d])),
+            read(logit_keys.grad(&grads).unwrap().reshape([b * n * d])),
+        ]
+    }
+
+    /// Each entry within 1e-5 of the reference, relative to the reference tensor's scale.
+    fn assert_close_relative(what: &str, ours: &[f32], reference: &[f32]) {
+        let scale = reference
+            .iter()
+            .filter(|x| x.is_finite())
+            .fold(0.0f32, |m, x| m.max(x.abs()));
+        assert!(scale > 0.0, "{what}: the reference is not all zero");
+        for (i, (a, r)) in ours.iter().zip(reference).enumerate() {
+            if r.is_infinite() {
+                assert_eq!(a, r, "{what}[{i}]: masked in the reference");
+            } else {
+                assert!(
+                    (a - r).abs() <= 1e-5 * scale.max(1.0),
+                    "{what}[{i}]: fused {a} vs op-by-op {r} (scale {scale})"
+                );
+            }
+        }
+    }
+
+    fn assert_fused_matches_op_by_op(case: StepCase) {
+        let fused = step_and_grads(&case, true);
+        let reference = step_and_grads(&case, false);
+        let names = [
+            "log-probabilities",
+            "query gradient",
+            "glimpse key gradient",
+            "glimpse value gradient",
+            "logit key gradient",
+        ];
+        for ((name, ours), reference) in names.iter().zip(&fused).zip(&reference) {
+            assert_close_relative(name, ours, reference);
+        }
+    }
+
+    #[test]
+    fn fused_step_matches_op_by_op_single_start() {
+        assert_fused_matches_op_by_op(StepCase {
+            b: 8,
+            s: 1,
+            n: 7,
+            temperature: 1.0,
+        });
+    }
+
+    #[test]
+    fn fused_step_matches_op_by_op_multi_start_with_temperature() {
+        assert_fused_matches_op_by_op(StepCase {
+            b: 3,
+            s: 5,
+            n: 6,
+            temperature: 0.7,
+        });
+    }
+
     /// A multi-start step reads each instance's keys for its S rollouts; the same step on
     /// embeddings repeated S times, one rollout each, is the reference.
     #[test]
@@ -404,7 +615,12 @@ mod tests {
         let grouped =
             read(model.step_log_probs(&model.precompute(embeddings.clone(), s), &state, 1.0));
         let repeated = model.precompute(crate::decode::repeat_rows(embeddings, s), 1);
-        let reference = read(model.step_log_probs(&repeated, &state, 1.0));
+        let reference = read(
+            model
+                .clone()
+                .with_step_kernel(StepKernel::OpByOp)
+                .step_log_probs(&repeated, &state, 1.0),
+        );
         assert_eq!(grouped.len(), b * s * n);
         assert_log_probs_close(&grouped, &reference);
     }

@@ -10,6 +10,7 @@ pub mod backend;
 #[cfg(unix)]
 pub mod cuda_driver;
 pub mod decode;
+pub mod decoder_step;
 pub mod encoder;
 pub mod pointer_network;
 pub mod problem;
@@ -19,9 +20,11 @@ pub mod state;
 pub use attention_model::{AttentionModel, AttentionModelConfig, Precomputed};
 pub use backend::{Backend, BackendError};
 pub use decode::{DecodeOptions, DecodeOutput, Policy, Selection};
+pub use decoder_step::StepKernel;
 pub use encoder::{GraphEncoder, GraphEncoderConfig, Normalization};
 pub use pointer_network::{
-    pointer_network_loss, PointerNetwork, PointerNetworkConfig, NODE_FEATURES,
+    pointer_network_loss, pointer_network_nll_sum, PointerNetwork, PointerNetworkConfig,
+    NODE_FEATURES,
 };
 pub use problem::{max_decode_steps, DeviceBatch, DeviceTargets, NoiseShape};
 pub use routing_model::RoutingModel;

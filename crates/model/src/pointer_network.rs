@@ -297,14 +297,27 @@ pub fn pointer_network_loss(
     targets: Tensor<2, Int>,
     valid: Tensor<2, Bool>,
 ) -> Tensor<1> {
+    let count = valid.clone().int().sum().float(); // [1]
+    pointer_network_nll_sum(pointer_log_probs, targets, valid) / count
+}
+
+/// The negative log-likelihood of the valid target positions, summed (not averaged): a
+/// shard of a batch divides it by the whole batch's count of targets.
+///
+/// # Shapes
+/// - `pointer_log_probs`: `[B, T, N]`, `targets`, `valid`: `[B, T]` → `[1]`
+pub fn pointer_network_nll_sum(
+    pointer_log_probs: Tensor<3>,
+    targets: Tensor<2, Int>,
+    valid: Tensor<2, Bool>,
+) -> Tensor<1> {
     let [b, t, _] = pointer_log_probs.dims();
     let target_log_p = pointer_log_probs
         .gather(2, targets.reshape([b, t, 1]))
         .reshape([b, t]); // [B, T]
-    let count = valid.clone().int().sum().float(); // [1]
-                                                   // mask_fill, not a product: a padded position may hold −∞, and −∞ × 0 is NaN.
+                          // mask_fill, not a product: a padded position may hold −∞, and −∞ × 0 is NaN.
     let kept = target_log_p.mask_fill(valid.bool_not(), 0.0); // [B, T]
-    -kept.sum() / count
+    -kept.sum()
 }
 
 /// Features 0–3, 6 and 7 of every node.

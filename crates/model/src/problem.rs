@@ -129,6 +129,28 @@ impl DeviceBatch {
         (problem, targets)
     }
 
+    /// The instances `instances` of the batch, with their noise rows: one shard of a
+    /// data-parallel step. On the CPU backends a slice is a view, so this copies nothing.
+    /// `min_steps` stays the batch's: a lower bound of the slowest instance, so the
+    /// shard's decode starts checking for completion no earlier than the whole batch's.
+    pub fn shard(&self, instances: std::ops::Range<usize>) -> Self {
+        let b = self.size();
+        let noise = self.noise.as_ref().map(|t| {
+            let per_instance = t.dims()[0] / b;
+            t.clone().slice_dim(
+                0,
+                instances.start * per_instance..instances.end * per_instance,
+            )
+        });
+        Self {
+            coords: self.coords.clone().slice_dim(0, instances.clone()),
+            demands: self.demands.clone().slice_dim(0, instances.clone()),
+            capacity: self.capacity.clone().slice_dim(0, instances),
+            noise,
+            min_steps: self.min_steps,
+        }
+    }
+
     pub fn size(&self) -> usize {
         self.coords.dims()[0]
     }

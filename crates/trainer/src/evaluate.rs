@@ -7,6 +7,7 @@ use routeburn_data::Batch;
 use routeburn_model::{DecodeOptions, DeviceBatch, Policy};
 
 use crate::error::TrainError;
+use crate::run::shards::{in_parallel, Shards};
 
 /// Reads int tensor data of either int width as i64.
 pub(crate) fn int_data_to_i64(data: TensorData) -> Vec<i64> {
@@ -74,25 +75,46 @@ pub(crate) fn best_per_instance(costs: &[f64], rows_per_instance: usize) -> Vec<
         .collect()
 }
 
-/// Decodes every batch with `model` (an inference copy, see `Module::valid`) and returns
-/// each instance's best validated cost.
+/// Decodes every batch with `model` (an inference copy, see `Module::valid`), each batch
+/// split into `shards` decoded side by side, and returns each instance's best validated
+/// cost.
 pub(crate) fn decode_costs(
-    model: &impl Policy,
+    model: &(impl Policy + Sync),
     batches: &[Batch],
     options: &DecodeOptions,
     device: &Device,
+    shards: Shards,
 ) -> Result<Vec<f64>, TrainError> {
     let mut costs = Vec::new();
     for batch in batches {
         let problem = DeviceBatch::upload(batch, None, device);
-        let out = model.decode(&problem, options);
-        let [(actions, [_, steps])] = download_ints(vec![out.actions])
-            .try_into()
-            .expect("one tensor in, one out");
-        let row_costs = validated_costs(batch, &actions, steps, out.rows_per_instance)?;
-        costs.extend(best_per_instance(&row_costs, out.rows_per_instance));
+        let outputs = in_parallel(shards.ranges(batch.size), |range| {
+            model.decode(&problem.shard(range), options)
+        });
+        let rows = outputs[0].rows_per_instance;
+        let parts = download_ints(outputs.into_iter().map(|o| o.actions).collect());
+        let (actions, steps) = join_rows(parts);
+        let row_costs = validated_costs(batch, &actions, steps, rows)?;
+        costs.extend(best_per_instance(&row_costs, rows));
     }
     Ok(costs)
+}
+
+/// Shards' `[rows, steps]` action blocks stacked into one, each row padded with depot
+/// visits (0) to the longest decode's steps.
+pub(crate) fn join_rows(parts: Vec<(Vec<i64>, [usize; 2])>) -> (Vec<i64>, usize) {
+    let steps = parts.iter().map(|(_, [_, t])| *t).max().unwrap_or(0);
+    if parts.len() == 1 {
+        return (parts.into_iter().next().expect("one part").0, steps);
+    }
+    let mut joined = Vec::with_capacity(parts.iter().map(|(_, [r, _])| r * steps).sum());
+    for (actions, [_, t]) in parts {
+        for row in actions.chunks(t.max(1)) {
+            joined.extend_from_slice(row);
+            joined.extend(std::iter::repeat_n(0, steps - row.len()));
+        }
+    }
+    (joined, steps)
 }
 
 /// Splits instances into batches of at most `batch_size`.
@@ -111,5 +133,16 @@ pub(crate) fn mean(v: &[f64]) -> f64 {
         f64::NAN
     } else {
         v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn joined_rows_are_padded_with_depot_visits() {
+        let parts = vec![(vec![1, 0, 2, 0], [2, 2]), (vec![3, 4, 0], [1, 3])];
+        assert_eq!(join_rows(parts), (vec![1, 0, 0, 2, 0, 0, 3, 4, 0], 3));
     }
 }

@@ -266,9 +266,11 @@ fn nan_loss_stops_the_run_and_keeps_the_checkpoint() {
 #[test]
 fn short_runs_keep_their_pinned_numbers() {
     let _serial = serial();
+    let mut ptrnet = Config::from_toml(TINY_PTRNET, "tiny pointer").unwrap();
+    ptrnet.training.shards = Some(1);
     let pinned = [
         (
-            tiny("rollout"),
+            one_shard(tiny("rollout")),
             [
                 "1,4.918866,5.018008,0.424522,13.662384,1e-3,3.943310,,0",
                 "2,4.534924,3.869915,-4.836236,9.787572,1e-3,4.005531,,0",
@@ -276,7 +278,7 @@ fn short_runs_keep_their_pinned_numbers() {
             ],
         ),
         (
-            Config::from_toml(TINY_PTRNET, "tiny pointer").unwrap(),
+            ptrnet,
             [
                 "1,3.176547,3.176547,1.002811,0.224353,5e-3,4.237921,,0",
                 "2,3.176547,3.176547,0.966575,0.116084,5e-3,4.184679,,0",
@@ -299,6 +301,82 @@ fn short_runs_keep_their_pinned_numbers() {
             }
         }
         std::fs::remove_dir_all(dir).ok();
+    }
+}
+
+fn one_shard(mut config: Config) -> Config {
+    config.training.shards = Some(1);
+    config
+}
+
+/// Trains `config` with rayon's pool limited to `threads`; the run's metrics and weights.
+fn train_on_threads(config: &Config, threads: usize, name: &str) -> (Vec<String>, Vec<f32>) {
+    let dir = tmp(&format!("{name}-{threads}"));
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    pool.install(|| train(options(config.clone(), &dir, false, None)))
+        .unwrap();
+    let out = (numbers(&dir), final_weights(&dir, config));
+    std::fs::remove_dir_all(dir).ok();
+    out
+}
+
+/// Two shards give the same metrics and weights whether they run on one thread or two,
+/// for REINFORCE (a rollout baseline, POMO) and supervised training (with dropout).
+#[test]
+fn shards_give_the_same_numbers_on_one_and_two_threads() {
+    let _serial = serial();
+    let mut ptrnet = Config::from_toml(TINY_PTRNET, "tiny pointer").unwrap();
+    if let ModelConfig::Pointer(p) = &mut ptrnet.model {
+        p.dropout = 0.1;
+    }
+    for (name, mut config) in [
+        ("shards-rollout", tiny("rollout")),
+        ("shards-pomo", tiny("pomo")),
+        ("shards-ptrnet", ptrnet),
+    ] {
+        config.training.shards = Some(2);
+        config.training.epochs = 2;
+        let one = train_on_threads(&config, 1, name);
+        let two = train_on_threads(&config, 2, name);
+        assert_eq!(
+            one.0, two.0,
+            "{name}: metrics differ between 1 and 2 threads"
+        );
+        assert_eq!(
+            one.1, two.1,
+            "{name}: weights differ between 1 and 2 threads"
+        );
+    }
+}
+
+/// A run with two shards, killed after an epoch and resumed (its config read back from the
+/// run directory, as `--resume` does), matches the uninterrupted run; and a config that
+/// leaves the shard count out gets one written into the run's config.
+#[test]
+fn resume_with_shards_is_exact() {
+    let _serial = serial();
+    let mut config = tiny("exponential");
+    config.training.epochs = 2;
+    let (a, b) = (tmp("shards-a"), tmp("shards-b"));
+    train(options(config.clone(), &a, false, None)).unwrap();
+    let written = Config::load_run(&a.join("config.toml")).unwrap();
+    assert_eq!(
+        written.training.shards,
+        Some(rayon::current_num_threads()),
+        "the default shard count is recorded"
+    );
+    config.training.shards = written.training.shards;
+    train(options(config.clone(), &b, false, Some(1))).unwrap();
+    let mut resumed = config.clone();
+    resumed.training.shards = None; // read back from the run directory
+    train(options(resumed, &b, true, None)).unwrap();
+    assert_eq!(numbers(&a), numbers(&b), "metrics differ");
+    assert_eq!(final_model(&a), final_model(&b), "weights differ");
+    for d in [a, b] {
+        std::fs::remove_dir_all(d).ok();
     }
 }
 

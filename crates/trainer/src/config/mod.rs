@@ -10,6 +10,7 @@ use routeburn_data::HeuristicConfig;
 use routeburn_data::{Generator, GeneratorConfig};
 use routeburn_model::{
     AttentionModelConfig, GraphEncoderConfig, LoadArithmetic, Normalization, PointerNetworkConfig,
+    StepKernel,
 };
 use serde::{Deserialize, Serialize};
 
@@ -110,6 +111,14 @@ pub struct AttentionConfig {
     /// How a route's load meets the capacity in the masks: `exact` (integer demand units),
     /// or `float32` (Kool's code: float32 fractions of the capacity; imported models).
     pub load_arithmetic: LoadArithmetic,
+    /// `fused` (the decoder step as one operation where the backend has one: flex) or
+    /// `op-by-op` (Burn's tensor operations, what other backends run).
+    #[serde(skip_serializing_if = "is_fused")]
+    pub decoder_step: StepKernel,
+}
+
+fn is_fused(k: &StepKernel) -> bool {
+    *k == StepKernel::Fused
 }
 
 impl Default for AttentionConfig {
@@ -124,6 +133,7 @@ impl Default for AttentionConfig {
             attention_bias: m.encoder.attention_bias,
             tanh_clipping: m.tanh_clipping,
             load_arithmetic: m.load_arithmetic,
+            decoder_step: m.decoder_step,
         }
     }
 }
@@ -146,6 +156,7 @@ impl AttentionConfig {
             )
             .with_tanh_clipping(self.tanh_clipping)
             .with_load_arithmetic(self.load_arithmetic)
+            .with_decoder_step(self.decoder_step)
     }
 }
 
@@ -233,6 +244,11 @@ pub struct TrainingConfig {
     pub time_limit: Option<String>,
     /// Adam's (L2) weight decay; 0 for none (Kool's), 1e-6 is POMO's.
     pub weight_decay: f64,
+    /// Data-parallel shards of each batch, each decoded and differentiated on a thread of
+    /// its own, gradients summed in order: the numbers depend on it, the thread count does
+    /// not. Left out: the machine's CPU threads (1 on CUDA), written to the run's config.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shards: Option<usize>,
 }
 
 /// Seconds of a duration written as `<number><unit>` groups, units `s`, `m`, `h`
@@ -284,6 +300,7 @@ impl Default for TrainingConfig {
             precision: Precision::F32,
             time_limit: None,
             weight_decay: 0.0,
+            shards: None,
         }
     }
 }
@@ -629,6 +646,9 @@ impl Config {
             t.max_grad_norm,
         )?;
         positive("training.decode_check_every", t.decode_check_every)?;
+        if let Some(shards) = t.shards {
+            positive("training.shards", shards)?;
+        }
         if let Some(limit) = &t.time_limit {
             check(
                 parse_duration(limit).is_ok(),

@@ -62,6 +62,7 @@ pub(super) fn import(path: &Path, device: &Device) -> Result<Imported, TrainErro
         attention_bias: false,
         tanh_clipping: args.tanh_clipping,
         load_arithmetic: LoadArithmetic::Float32,
+        ..AttentionConfig::default()
     };
     let mut model = config.model_config().init(device);
     source.linear("init_embed_depot", "encoder.depot_embedding", true)?;

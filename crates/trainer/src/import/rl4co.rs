@@ -94,6 +94,7 @@ pub(super) fn import(path: &Path, device: &Device) -> Result<Imported, TrainErro
         attention_bias: true,
         tanh_clipping: kwargs.tanh_clipping,
         load_arithmetic: LoadArithmetic::Exact,
+        ..AttentionConfig::default()
     };
     let mut source = Source {
         path,

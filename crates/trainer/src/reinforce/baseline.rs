@@ -19,7 +19,7 @@ pub(crate) struct Tours<'a> {
     pub(crate) rows_per_instance: usize,
 }
 
-pub(crate) trait Baseline {
+pub(crate) trait Baseline: Send + Sync {
     /// Whether training samples one tour per first customer (POMO) rather than one per
     /// instance.
     fn multi_start(&self) -> bool {

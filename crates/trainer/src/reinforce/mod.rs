@@ -13,13 +13,13 @@ pub(crate) mod exponential;
 pub(crate) mod pomo;
 pub(crate) mod rollout;
 
-use burn::tensor::{Device, Tensor, TensorData, Transaction};
+use burn::tensor::{Device, Int, Tensor, TensorData, Transaction};
 use routeburn_data::{Batch, Generator};
 use routeburn_model::{AttentionModel, DecodeOptions, DecodeOutput, DeviceBatch, NoiseShape};
 
 use crate::config::{BaselineKind, Config, ModelConfig};
 use crate::error::TrainError;
-use crate::evaluate::{int_data_to_i64, validated_costs};
+use crate::evaluate::{int_data_to_i64, join_rows, validated_costs};
 use crate::reinforce::baseline::{Baseline, Tours};
 use crate::reinforce::exponential::ExponentialBaseline;
 use crate::reinforce::pomo::SharedBaseline;
@@ -27,6 +27,7 @@ use crate::reinforce::rollout::RolloutBaseline;
 use crate::run::checkpoint::BaselineState;
 use crate::run::method::{RunRngs, Setup, StepContext, StepLoss, StepStats, TrainingMethod};
 use crate::run::metrics::{EpochMetrics, Phase};
+use crate::run::shards::{backward_in_parallel, in_parallel, shard_model, Shards};
 
 pub(crate) struct Reinforce {
     generator: Generator,
@@ -34,6 +35,7 @@ pub(crate) struct Reinforce {
     batches_per_epoch: usize,
     sampling: DecodeOptions,
     baseline: Box<dyn Baseline>,
+    shards: Shards,
 }
 
 /// The costs of a step's sampled tours and their baseline values.
@@ -71,6 +73,7 @@ impl TrainingMethod for Reinforce {
             batch_size: config.training.batch_size,
             batches_per_epoch: config.reinforce.batches_per_epoch,
             baseline,
+            shards: Shards::new(config.training.shards.unwrap_or(1)),
         })
     }
 
@@ -88,39 +91,40 @@ impl TrainingMethod for Reinforce {
             self.generator
                 .sample_batch(&mut rngs.train, self.batch_size)
         });
-        let rows = if self.sampling.multi_start {
-            batch.n
-        } else {
-            1
-        };
         let noise = NoiseShape {
-            rows_per_instance: rows,
+            rows_per_instance: self.sampling.rows_per_instance(batch.n),
         };
         let problem = times.time(Phase::Upload, || {
             DeviceBatch::upload(&batch, Some((noise, &mut rngs.noise)), ctx.device)
         });
-        let sampled = times.time(Phase::Forward, || model.decode(&problem, &self.sampling));
-        let baseline_tours = times.time(Phase::Baseline, || self.baseline.decode(&problem));
+        let ranges = self.shards.ranges(batch.size);
+        let shards = ranges.len();
+        let sampled = times.time(Phase::Forward, || {
+            in_parallel(ranges.clone(), |range| {
+                let model = shard_model(model, shards);
+                let decoded = model.decode(&problem.shard(range), &self.sampling);
+                (model, decoded)
+            })
+        });
+        let baseline_tours = times.time(Phase::Baseline, || {
+            in_parallel(ranges, |range| self.baseline.decode(&problem.shard(range)))
+        });
+        let decoded: Vec<&DecodeOutput> = sampled.iter().map(|(_, d)| d).collect();
         let valued = times.time(Phase::DownloadCost, || {
             self.download_and_value(
                 &batch,
-                &sampled,
+                &decoded,
                 baseline_tours,
                 ctx.stats,
                 ctx.epoch,
                 ctx.step,
             )
         })?;
-        let loss = times.time(Phase::Backward, || {
-            let advantage: Vec<f32> = (valued.costs.iter().zip(&valued.baselines))
-                .map(|(c, b)| (c - b) as f32)
-                .collect();
-            let r = advantage.len();
-            let advantage = Tensor::<1>::from_data(TensorData::new(advantage, [r]), ctx.device);
-            (advantage * sampled.log_likelihood).mean() // [1]
+        let learned = times.time(Phase::Backward, || {
+            backward_in_parallel(model, shard_losses(sampled, &valued, ctx.device))
         });
         Ok(StepLoss {
-            loss,
+            learned,
             cost_sum: valued.costs.iter().sum(),
             baseline_sum: valued.baselines.iter().sum(),
             rows: valued.costs.len(),
@@ -145,22 +149,30 @@ impl TrainingMethod for Reinforce {
 }
 
 impl Reinforce {
-    /// The step's one device read (sampled tours, their summed log-likelihood, the
-    /// baseline's tours, the previous step's statistics), then costs and baseline values.
+    /// The step's one device read (every shard's sampled tours and summed
+    /// log-likelihood, the baseline's tours, the previous step's statistics), then costs
+    /// and baseline values over the whole batch.
     fn download_and_value(
         &mut self,
         batch: &Batch,
-        sampled: &DecodeOutput,
-        baseline_tours: Option<Tensor<2, burn::tensor::Int>>,
+        sampled: &[&DecodeOutput],
+        baseline_tours: Vec<Option<Tensor<2, Int>>>,
         stats: &mut StepStats,
         epoch: usize,
         step: usize,
     ) -> Result<Valued, TrainError> {
-        let mut tx = Transaction::default()
-            .register(sampled.actions.clone().without_autodiff())
-            .register(sampled.log_likelihood.clone().without_autodiff().sum());
-        let baseline_steps = baseline_tours.as_ref().map(|a| a.dims()[1]);
-        if let Some(a) = baseline_tours {
+        let mut tx = Transaction::default();
+        for s in sampled {
+            tx = tx
+                .register(s.actions.clone().without_autodiff())
+                .register(s.log_likelihood.clone().without_autodiff().sum());
+        }
+        let baseline_steps: Vec<usize> = baseline_tours
+            .iter()
+            .flatten()
+            .map(|a| a.dims()[1])
+            .collect();
+        for a in baseline_tours.into_iter().flatten() {
             tx = tx.register(a);
         }
         let pending = stats.take_pending();
@@ -169,35 +181,74 @@ impl Reinforce {
             tx = tx.register(p);
         }
         let mut data = tx.execute().into_iter();
-        let actions = int_data_to_i64(data.next().expect("actions"));
-        let ll_sum: Vec<f32> = data
-            .next()
-            .expect("log-likelihood")
-            .try_into_vec_as::<f32>()
-            .map_err(|e| TrainError::Input(format!("log-likelihood: {e:?}")))?;
-        let baseline_actions =
-            baseline_steps.map(|_| int_data_to_i64(data.next().expect("baseline")));
+        let mut tours = Vec::with_capacity(sampled.len());
+        let mut ll_sum = 0.0f32;
+        for s in sampled {
+            tours.push((
+                int_data_to_i64(data.next().expect("actions")),
+                s.actions.dims(),
+            ));
+            let ll: Vec<f32> = data
+                .next()
+                .expect("log-likelihood")
+                .try_into_vec_as::<f32>()
+                .map_err(|e| TrainError::Input(format!("log-likelihood: {e:?}")))?;
+            ll_sum += ll[0];
+        }
+        let baseline_parts: Vec<(Vec<i64>, [usize; 2])> = baseline_steps
+            .iter()
+            .zip(&tours)
+            .map(|(&steps, (_, [rows, _]))| {
+                let instances = rows / sampled[0].rows_per_instance;
+                (
+                    int_data_to_i64(data.next().expect("baseline")),
+                    [instances, steps],
+                )
+            })
+            .collect();
         // A policy with non-finite log-probabilities emits garbage; say why first.
-        if !ll_sum[0].is_finite() {
-            return Err(stats.non_finite("log-likelihood", ll_sum[0], epoch, step));
+        if !ll_sum.is_finite() {
+            return Err(stats.non_finite("log-likelihood", ll_sum, epoch, step));
         }
         if has_pending {
             stats.record(data.next().expect("stats"), epoch, step.saturating_sub(1))?;
         }
-        let [_, steps] = sampled.actions.dims();
-        let rows = sampled.rows_per_instance;
+        let (actions, steps) = join_rows(tours);
+        let rows = sampled[0].rows_per_instance;
         let costs = validated_costs(batch, &actions, steps, rows)?;
-        let decoded = baseline_actions
-            .as_ref()
-            .zip(baseline_steps)
-            .map(|(a, s)| Tours {
-                actions: a,
-                steps: s,
-                rows_per_instance: 1,
-            });
+        let baseline_actions = (!baseline_parts.is_empty()).then(|| join_rows(baseline_parts));
+        let decoded = baseline_actions.as_ref().map(|(a, s)| Tours {
+            actions: a,
+            steps: *s,
+            rows_per_instance: 1,
+        });
         let baselines = self.baseline.values(batch, &costs, rows, decoded)?;
         Ok(Valued { costs, baselines })
     }
+}
+
+/// Each shard's REINFORCE loss: Σ advantage × log-likelihood over its rows, divided by
+/// the whole batch's rows, so that the shards' gradients sum to the batch mean's.
+fn shard_losses(
+    sampled: Vec<(AttentionModel, DecodeOutput)>,
+    valued: &Valued,
+    device: &Device,
+) -> Vec<(AttentionModel, Tensor<1>)> {
+    let total_rows = valued.costs.len();
+    let mut first_row = 0;
+    sampled
+        .into_iter()
+        .map(|(model, decoded)| {
+            let rows = decoded.log_likelihood.dims()[0];
+            let advantage: Vec<f32> = (first_row..first_row + rows)
+                .map(|i| (valued.costs[i] - valued.baselines[i]) as f32)
+                .collect();
+            first_row += rows;
+            let advantage = Tensor::<1>::from_data(TensorData::new(advantage, [rows]), device);
+            let loss = (advantage * decoded.log_likelihood).sum() / total_rows as f64; // [1]
+            (model, loss)
+        })
+        .collect()
 }
 
 /// The run's baseline, fresh (from the initial `model`) or restored from its checkpoint.

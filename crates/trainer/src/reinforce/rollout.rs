@@ -17,6 +17,7 @@ use crate::reinforce::baseline::{Baseline, Tours};
 use crate::reinforce::exponential::ExponentialBaseline;
 use crate::run::checkpoint::{record_error, save_module, BaselineState, BASELINE_FILE};
 use crate::run::method::Setup;
+use crate::run::shards::Shards;
 
 /// Draws the seed of the first evaluation set, from `training.seed`.
 const BASELINE_STREAM: u64 = 0x6261_7365;
@@ -28,6 +29,7 @@ struct EvalSet {
     batch_size: usize,
     options: DecodeOptions,
     device: Device,
+    shards: Shards,
 }
 
 pub(crate) struct RolloutBaseline {
@@ -64,6 +66,7 @@ impl RolloutBaseline {
             options: DecodeOptions::greedy()
                 .with_check_every(setup.config.training.decode_check_every),
             device: setup.device.clone(),
+            shards: Shards::new(setup.config.training.shards.unwrap_or(1)),
         };
         let (frozen, rng, eval_seed, warmup_value) = match setup.resume {
             None => {
@@ -88,7 +91,13 @@ impl RolloutBaseline {
             }
         };
         let eval_batches = eval.batches(eval_seed);
-        let eval_costs = decode_costs(&frozen, &eval_batches, &eval.options, &eval.device)?;
+        let eval_costs = decode_costs(
+            &frozen,
+            &eval_batches,
+            &eval.options,
+            &eval.device,
+            eval.shards,
+        )?;
         Ok(Self {
             model: frozen,
             rng,
@@ -110,7 +119,13 @@ impl RolloutBaseline {
     /// the candidate becomes the baseline and a fresh evaluation set is drawn.
     fn test(&mut self, candidate: &AttentionModel) -> Result<RolloutTest, TrainError> {
         let e = &self.eval;
-        let candidate_costs = decode_costs(candidate, &self.eval_batches, &e.options, &e.device)?;
+        let candidate_costs = decode_costs(
+            candidate,
+            &self.eval_batches,
+            &e.options,
+            &e.device,
+            e.shards,
+        )?;
         let (candidate_mean, baseline_mean) = (mean(&candidate_costs), mean(&self.eval_costs));
         let mut test = RolloutTest {
             candidate_mean,
@@ -126,8 +141,13 @@ impl RolloutBaseline {
                 self.model = candidate.clone();
                 self.eval_seed = self.rng.next_u64();
                 self.eval_batches = e.batches(self.eval_seed);
-                self.eval_costs =
-                    decode_costs(&self.model, &self.eval_batches, &e.options, &e.device)?;
+                self.eval_costs = decode_costs(
+                    &self.model,
+                    &self.eval_batches,
+                    &e.options,
+                    &e.device,
+                    e.shards,
+                )?;
             }
         }
         Ok(test)

@@ -12,6 +12,7 @@ use crate::config::Config;
 use crate::error::TrainError;
 use crate::run::checkpoint::{BaselineState, TrainState};
 use crate::run::metrics::{EpochMetrics, PhaseTimes};
+use crate::run::shards::ShardedStep;
 
 /// What the skeleton hands a method to set itself up.
 pub(crate) struct Setup<'a> {
@@ -45,10 +46,10 @@ pub(crate) struct StepContext<'a> {
     pub(crate) stats: &'a mut StepStats,
 }
 
-/// One step's loss (with gradients) and what its rows cost.
+/// One step's loss, its gradients (summed over the shards) and what its rows cost.
 pub(crate) struct StepLoss {
-    /// `[1]`
-    pub(crate) loss: Tensor<1>,
+    /// The loss, the gradients and the running statistics of the shards.
+    pub(crate) learned: ShardedStep,
     /// Summed cost of the step's tours (sampled, or the labels').
     pub(crate) cost_sum: f64,
     /// Summed baseline value of those tours (a supervised step: the labels' cost).
@@ -61,7 +62,7 @@ pub(crate) struct StepLoss {
 
 /// A training method: REINFORCE or supervised teacher forcing.
 pub(crate) trait TrainingMethod: Sized {
-    type Model: Module + Policy;
+    type Model: Module + Policy + Send + Sync;
 
     /// Whether a checkpoint part-way through an epoch resumes exactly (an interrupted run
     /// saves one); otherwise an interrupted epoch is abandoned and redone.
@@ -78,8 +79,8 @@ pub(crate) trait TrainingMethod: Sized {
     /// Before an epoch's first step.
     fn begin_epoch(&mut self, _epoch: usize, _rngs: &mut RunRngs) {}
 
-    /// One step's forward pass and loss; the previous step's statistics are read with this
-    /// step's device read (see [`StepStats`]).
+    /// One step's forward and backward passes, over `training.shards` shards; the previous
+    /// step's statistics are read with this step's device read (see [`StepStats`]).
     fn step(&mut self, model: &Self::Model, ctx: StepContext) -> Result<StepLoss, TrainError>;
 
     /// After validation, with an inference copy of the model: whether a baseline changed.

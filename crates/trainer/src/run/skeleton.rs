@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use burn::module::Module;
 use burn::optim::decay::WeightDecayConfig;
-use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
+use burn::optim::{AdamConfig, ModuleOptimizer};
 use burn::tensor::{Device, DeviceConfig, FloatDType, Tensor};
 use indicatif::ProgressBar;
 use routeburn_data::InstanceRng;
@@ -31,6 +31,7 @@ use crate::run::lock::RunLock;
 use crate::run::method::{RunRngs, Setup, StepContext, StepLoss, StepStats, TrainingMethod};
 use crate::run::metrics::{append_metrics, truncate_metrics, EpochMetrics, Phase, PhaseTimes};
 use crate::run::progress::{epoch_bar, print_summary};
+use crate::run::shards::ShardedStep;
 use crate::run::validation::ValidationSet;
 
 /// Burn's seed is global per backend: [`seeded`] holds this from seeding to the end of an
@@ -107,7 +108,8 @@ pub(crate) fn training_device(
 }
 
 /// Runs (or resumes) a run of method `M` to completion.
-pub(crate) fn run<M: TrainingMethod>(opts: TrainOptions) -> Result<TrainSummary, TrainError> {
+pub(crate) fn run<M: TrainingMethod>(mut opts: TrainOptions) -> Result<TrainSummary, TrainError> {
+    opts.config.training.shards = Some(resolve_shards(&opts));
     let t = &opts.config.training;
     let last_epoch = opts.stop_after_epochs.map_or(t.epochs, |s| s.min(t.epochs));
     let mut run = Run::<M>::start(opts)?;
@@ -294,7 +296,7 @@ impl<M: TrainingMethod> Run<M> {
             };
             let out = self.method.step(&self.model, ctx)?;
             totals.add(&out);
-            self.learn(out.loss, lr, &mut times, &mut stats);
+            self.learn(out.learned, lr, &mut times, &mut stats);
             let left = self.time_left();
             show_progress(&progress, step, (&totals, &stats), epoch_start, left);
             interrupt::step_done();
@@ -446,13 +448,22 @@ impl<M: TrainingMethod> Run<M> {
         }
     }
 
-    /// Backward, global-norm clip and the Adam step; the loss and the norm are kept on the
-    /// device for the next step's read.
-    fn learn(&mut self, loss: Tensor<1>, lr: f64, times: &mut PhaseTimes, stats: &mut StepStats) {
-        let mut grads = times.time(Phase::Backward, || {
-            GradientsParams::from_grads(loss.backward(), &self.model)
-        });
+    /// Global-norm clip and the Adam step on the step's summed gradients; the loss and the
+    /// norm are kept on the device for the next step's read.
+    fn learn(
+        &mut self,
+        learned: ShardedStep,
+        lr: f64,
+        times: &mut PhaseTimes,
+        stats: &mut StepStats,
+    ) {
+        let ShardedStep {
+            loss,
+            mut grads,
+            running,
+        } = learned;
         times.time(Phase::Optimizer, || {
+            self.model = running.apply(self.model.clone());
             let max_norm = self.opts.config.training.max_grad_norm;
             let norm = clip_global_norm(&self.model, &mut grads, max_norm)
                 .unwrap_or_else(|| Tensor::zeros([1], &self.device));
@@ -587,6 +598,26 @@ fn show_progress(
             totals.cost_sum / totals.rows.max(1) as f64,
             stats.mean_loss()
         ));
+    }
+}
+
+/// The run's shard count: the config's; else, resuming, the one the run directory's
+/// config recorded (1 for a run written before shards existed, which trained with one);
+/// else, for a new run, the machine's CPU threads on a CPU backend (1 on CUDA).
+fn resolve_shards(opts: &TrainOptions) -> usize {
+    if let Some(shards) = opts.config.training.shards {
+        return shards;
+    }
+    if opts.resume {
+        return Config::load_run(&opts.run_dir.join("config.toml"))
+            .ok()
+            .and_then(|c| c.training.shards)
+            .unwrap_or(1);
+    }
+    if opts.backend.is_cpu() {
+        rayon::current_num_threads()
+    } else {
+        1
     }
 }
 

@@ -10,12 +10,14 @@ use crate::config::{Config, ValidationStrategy};
 use crate::error::TrainError;
 use crate::evaluate::{batches_of, decode_costs, mean};
 use crate::run::paths::resolve;
+use crate::run::shards::Shards;
 
 /// Batches, and reference costs per instance when the file has them.
 pub(crate) struct ValidationSet {
     batches: Vec<Batch>,
     references: Option<Vec<f64>>,
     options: DecodeOptions,
+    shards: Shards,
 }
 
 impl ValidationSet {
@@ -25,6 +27,7 @@ impl ValidationSet {
         config_dir: Option<&Path>,
     ) -> Result<Self, TrainError> {
         let v = &config.validation;
+        let shards = Shards::new(config.training.shards.unwrap_or(1));
         let options = DecodeOptions::greedy()
             .with_check_every(config.training.decode_check_every)
             .with_multi_start(config.validation_strategy() == ValidationStrategy::Multistart);
@@ -34,6 +37,7 @@ impl ValidationSet {
                 batches: batches_of(&instances, v.batch_size)?,
                 references: None,
                 options,
+                shards,
             });
         };
         let path = resolve(file, config_dir);
@@ -58,6 +62,7 @@ impl ValidationSet {
             batches: batches_of(&instances, v.batch_size)?,
             references,
             options,
+            shards,
         })
     }
 
@@ -65,10 +70,10 @@ impl ValidationSet {
     /// in percent when the set has them.
     pub(crate) fn evaluate(
         &self,
-        model: &impl Policy,
+        model: &(impl Policy + Sync),
         device: &Device,
     ) -> Result<(f64, Option<f64>), TrainError> {
-        let costs = decode_costs(model, &self.batches, &self.options, device)?;
+        let costs = decode_costs(model, &self.batches, &self.options, device, self.shards)?;
         let gap = self.references.as_ref().map(|refs| {
             let gaps: Vec<f64> = costs.iter().zip(refs).map(|(c, r)| c / r - 1.0).collect();
             100.0 * mean(&gaps)

@@ -12,17 +12,19 @@
 
 pub(crate) mod labels;
 
+use std::ops::Range;
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 
 use burn::tensor::Device;
 use routeburn_data::Batch;
-use routeburn_model::{pointer_network_loss, DeviceBatch, PointerNetwork};
+use routeburn_model::{pointer_network_nll_sum, DeviceBatch, PointerNetwork};
 
 use crate::config::{Config, ModelConfig, SupervisedConfig};
 use crate::error::TrainError;
 use crate::run::method::{RunRngs, Setup, StepContext, StepLoss, TrainingMethod};
 use crate::run::metrics::{EpochMetrics, Phase};
+use crate::run::shards::{backward_in_parallel, in_parallel, shard_model, Shards};
 use crate::run::skeleton::seeded;
 use crate::supervised::labels::{load_or_make_labels, Example};
 
@@ -40,6 +42,9 @@ pub(crate) struct Supervised {
     /// This epoch's teacher-forcing ratio and its batches, built by the loader thread.
     teacher_forcing: f64,
     batches: Option<Receiver<Result<LabelledBatch, TrainError>>>,
+    shards: Shards,
+    /// Whether the forward pass draws random numbers (dropout).
+    draws_randomness: bool,
 }
 
 /// A batch ready to upload.
@@ -80,6 +85,11 @@ impl TrainingMethod for Supervised {
             train_device: setup.device.clone().autodiff(),
             teacher_forcing: 1.0,
             batches: None,
+            shards: Shards::new(t.shards.unwrap_or(1)),
+            draws_randomness: match &setup.config.model {
+                ModelConfig::Pointer(p) => p.dropout > 0.0,
+                ModelConfig::Attention(_) => false,
+            },
         })
     }
 
@@ -126,16 +136,37 @@ impl TrainingMethod for Supervised {
         let teacher: Vec<bool> = (0..steps)
             .map(|_| rngs.train.unit() < self.teacher_forcing)
             .collect();
-        let loss = times.time(Phase::Forward, || {
-            let log_probs = model.teacher_forced(&problem, targets.targets.clone(), &teacher);
-            pointer_network_loss(log_probs, targets.targets, targets.valid)
+        let size = labelled.batch.size;
+        let ranges = self.shards.ranges(size);
+        let shards = ranges.len();
+        let tokens: usize = labelled.targets.iter().map(Vec::len).sum();
+        let forward = |range: Range<usize>| {
+            let model = shard_model(model, shards);
+            let shard_targets = targets.targets.clone().slice_dim(0, range.clone());
+            let log_probs = model.teacher_forced(
+                &problem.shard(range.clone()),
+                shard_targets.clone(),
+                &teacher,
+            );
+            let valid = targets.valid.clone().slice_dim(0, range);
+            let loss = pointer_network_nll_sum(log_probs, shard_targets, valid) / tokens as f64;
+            (model, loss)
+        };
+        let losses = times.time(Phase::Forward, || {
+            // Dropout draws from the device's one RNG: shards that draw take their turns in
+            // shard order, so the draws do not depend on the threads.
+            if self.draws_randomness {
+                ranges.into_iter().map(forward).collect()
+            } else {
+                in_parallel(ranges, forward)
+            }
         });
         times.time(Phase::DownloadCost, || {
             ctx.stats.flush(ctx.epoch, ctx.step.saturating_sub(1))
         })?;
-        let size = labelled.batch.size;
+        let learned = times.time(Phase::Backward, || backward_in_parallel(model, losses));
         Ok(StepLoss {
-            loss,
+            learned,
             // A supervised step samples no tours: cost and baseline are the labels'.
             cost_sum: labelled.label_cost,
             baseline_sum: labelled.label_cost,

@@ -1,0 +1,303 @@
+//! The attention decoder's step as one differentiable operation: the 8-head glimpse of
+//! each row's query over its instance's node keys and values, the single-head logits
+//! against the logit keys, tanh clipping, temperature, the mask and `log_softmax`, with a
+//! hand-written backward.
+//!
+//! Composed from Burn's tensor ops, the same step is ~30 tracked operations on small
+//! tensors (autodiff alone turns each softmax into 5–6), run one after another; as one
+//! operation it is one pass over the rows in the forward and one in the backward, split
+//! across cores by instance.
+//!
+//! One signature, one implementation per backend: flex's is plain Rust
+//! ([`flex_kernel`]); a backend without one (ndarray, CUDA) runs the op-by-op form in
+//! `AttentionModel`, which stays the reference the tests compare against. A CubeCL
+//! implementation goes beside flex's: an `impl DecoderStepBackend for CubeBackend`, the
+//! backend listed in the `backend_extension` attribute, and [`fused_on`] told about it.
+
+#[cfg(feature = "flex")]
+mod flex_kernel;
+
+use burn::tensor::{Bool, Device, Tensor};
+
+/// Which form the decoder step runs in (`model.decoder_step` in a config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StepKernel {
+    /// The fused operation where the device's backend has one, else the op-by-op form.
+    #[default]
+    Fused,
+    /// Burn's tensor operations, one by one (the reference).
+    OpByOp,
+}
+
+/// Whether the fused step runs on `device` (flex, with or without autodiff).
+pub fn fused_on(device: &Device) -> bool {
+    #[cfg(feature = "flex")]
+    {
+        use burn::backend::DispatchDevice;
+        match device.as_dispatch() {
+            DispatchDevice::Flex(_) => true,
+            DispatchDevice::Autodiff(inner) => matches!(**inner, DispatchDevice::Flex(_)),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = device;
+        false
+    }
+}
+
+/// The fused step; call it only where [`fused_on`] holds.
+///
+/// # Shapes
+/// - `query`: `[B, S, d]`, `glimpse_keys` (already divided by √dk) and `glimpse_values`:
+///   `[B, N, H, dk]`, `logit_keys`: `[B, N, d]`, `mask`: `[B × S, N]` (true = masked)
+/// - output: `[B × S, N]` log-probabilities, −∞ at masked nodes
+#[cfg(feature = "flex")]
+pub(crate) fn fused_step(
+    query: Tensor<3>,
+    glimpse_keys: Tensor<4>,
+    glimpse_values: Tensor<4>,
+    logit_keys: Tensor<3>,
+    mask: Tensor<2, Bool>,
+    tanh_clipping: f64,
+    temperature: f64,
+) -> Tensor<2> {
+    use burn::backend::Dispatch;
+    let out = <Dispatch as DecoderStepBackend>::decoder_step(
+        query.into_dispatch(),
+        glimpse_keys.into_dispatch(),
+        glimpse_values.into_dispatch(),
+        logit_keys.into_dispatch(),
+        mask.into_dispatch(),
+        tanh_clipping as f32,
+        temperature as f32,
+    );
+    Tensor::from_dispatch(out)
+}
+
+#[cfg(not(feature = "flex"))]
+pub(crate) fn fused_step(
+    _query: Tensor<3>,
+    _glimpse_keys: Tensor<4>,
+    _glimpse_values: Tensor<4>,
+    _logit_keys: Tensor<3>,
+    _mask: Tensor<2, Bool>,
+    _tanh_clipping: f64,
+    _temperature: f64,
+) -> Tensor<2> {
+    unreachable!("no backend with a fused decoder step is compiled in; check `fused_on` first")
+}
+
+#[cfg(feature = "flex")]
+pub use flex_impl::DecoderStepBackend;
+
+#[cfg(feature = "flex")]
+mod flex_impl {
+    use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
+    use burn::backend::autodiff::grads::Gradients;
+    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+    use burn::backend::autodiff::Autodiff;
+    use burn::backend::tensor::{BoolTensor, FloatTensor};
+    use burn::backend::{backend_extension, DType, Flex};
+    use burn::tensor::Shape;
+    use burn_flex::{FlexTensor, Layout};
+
+    use super::flex_kernel::{self, Dims, Inputs, Saved, Scale};
+
+    /// The decoder step as a backend operation.
+    #[backend_extension(Autodiff, Flex)]
+    pub trait DecoderStepBackend: burn::backend::Backend {
+        /// See [`super::fused_step`].
+        fn decoder_step(
+            query: FloatTensor<Self>,
+            glimpse_keys: FloatTensor<Self>,
+            glimpse_values: FloatTensor<Self>,
+            logit_keys: FloatTensor<Self>,
+            mask: BoolTensor<Self>,
+            tanh_clipping: f32,
+            temperature: f32,
+        ) -> FloatTensor<Self>;
+    }
+
+    /// The step's inputs as contiguous flex tensors, kept for the backward pass.
+    #[derive(Debug, Clone)]
+    pub struct StepTensors {
+        query: FlexTensor,
+        glimpse_keys: FlexTensor,
+        glimpse_values: FlexTensor,
+        logit_keys: FlexTensor,
+        mask: FlexTensor,
+        dims: Dims,
+        scale: Scale,
+    }
+
+    impl StepTensors {
+        fn new(
+            [query, glimpse_keys, glimpse_values, logit_keys]: [FlexTensor; 4],
+            mask: FlexTensor,
+            scale: Scale,
+        ) -> Self {
+            let [b, s, _] = dims3(&query);
+            let shape = glimpse_keys.layout().shape();
+            let (n, heads, head_dim) = (shape[1], shape[2], shape[3]);
+            let contiguous = |t: FlexTensor| t.to_contiguous();
+            Self {
+                query: contiguous(query),
+                glimpse_keys: contiguous(glimpse_keys),
+                glimpse_values: contiguous(glimpse_values),
+                logit_keys: contiguous(logit_keys),
+                mask: contiguous(mask),
+                dims: Dims {
+                    instances: b,
+                    starts: s,
+                    nodes: n,
+                    heads,
+                    head_dim,
+                },
+                scale,
+            }
+        }
+
+        fn inputs(&self) -> Inputs<'_> {
+            let mask_bytes = self.mask.layout().contiguous_offsets().expect("contiguous");
+            Inputs {
+                query: floats(&self.query),
+                glimpse_keys: floats(&self.glimpse_keys),
+                glimpse_values: floats(&self.glimpse_values),
+                logit_keys: floats(&self.logit_keys),
+                mask: &self.mask.storage::<u8>()[mask_bytes.0..mask_bytes.1],
+            }
+        }
+
+        /// Log-probabilities `[R, N]` and what the backward pass needs.
+        fn forward(&self) -> (FlexTensor, Saved) {
+            let (log_probs, saved) = flex_kernel::forward(self.dims, self.scale, &self.inputs());
+            let rows = self.dims.instances * self.dims.starts;
+            (tensor(log_probs, [rows, self.dims.nodes]), saved)
+        }
+    }
+
+    fn dims3(t: &FlexTensor) -> [usize; 3] {
+        let s = t.layout().shape();
+        [s[0], s[1], s[2]]
+    }
+
+    fn floats(t: &FlexTensor) -> &[f32] {
+        t.as_slice::<f32>()
+            .expect("the fused decoder step runs in f32 on contiguous tensors")
+    }
+
+    fn tensor<const D: usize>(values: Vec<f32>, shape: [usize; D]) -> FlexTensor {
+        FlexTensor::new(
+            burn::backend::Bytes::from_elems(values),
+            Layout::contiguous(Shape::from(shape)),
+            DType::F32,
+        )
+    }
+
+    impl DecoderStepBackend for Flex {
+        fn decoder_step(
+            query: FloatTensor<Self>,
+            glimpse_keys: FloatTensor<Self>,
+            glimpse_values: FloatTensor<Self>,
+            logit_keys: FloatTensor<Self>,
+            mask: BoolTensor<Self>,
+            tanh_clipping: f32,
+            temperature: f32,
+        ) -> FloatTensor<Self> {
+            let scale = Scale {
+                tanh_clipping,
+                temperature,
+            };
+            let inputs = [query, glimpse_keys, glimpse_values, logit_keys];
+            StepTensors::new(inputs, mask, scale).forward().0
+        }
+    }
+
+    #[derive(Debug)]
+    struct DecoderStepBackward;
+
+    impl Backward<Flex, 4> for DecoderStepBackward {
+        /// The inputs, the output and the forward pass's intermediates.
+        type State = (StepTensors, FlexTensor, Saved);
+
+        fn backward(
+            self,
+            ops: Ops<Self::State, 4>,
+            grads: &mut Gradients,
+            _checkpointer: &mut Checkpointer,
+        ) {
+            let (step, log_probs, saved) = ops.state;
+            let grad_out = grads.consume::<Flex>(&ops.node).to_contiguous();
+            let g = flex_kernel::backward(
+                step.dims,
+                step.scale,
+                &step.inputs(),
+                floats(&log_probs),
+                &saved,
+                floats(&grad_out),
+            );
+            let shapes = [
+                step.query.layout().shape().clone(),
+                step.glimpse_keys.layout().shape().clone(),
+                step.glimpse_values.layout().shape().clone(),
+                step.logit_keys.layout().shape().clone(),
+            ];
+            let values = [g.query, g.glimpse_keys, g.glimpse_values, g.logit_keys];
+            for ((parent, grad), shape) in ops.parents.into_iter().zip(values).zip(shapes) {
+                if let Some(node) = parent {
+                    let t = FlexTensor::new(
+                        burn::backend::Bytes::from_elems(grad),
+                        Layout::contiguous(shape),
+                        DType::F32,
+                    );
+                    grads.register::<Flex>(node.id, t);
+                }
+            }
+        }
+    }
+
+    impl<C: CheckpointStrategy> DecoderStepBackend for Autodiff<Flex, C> {
+        fn decoder_step(
+            query: FloatTensor<Self>,
+            glimpse_keys: FloatTensor<Self>,
+            glimpse_values: FloatTensor<Self>,
+            logit_keys: FloatTensor<Self>,
+            mask: BoolTensor<Self>,
+            tanh_clipping: f32,
+            temperature: f32,
+        ) -> FloatTensor<Self> {
+            let scale = Scale {
+                tanh_clipping,
+                temperature,
+            };
+            let nodes = [
+                query.node(),
+                glimpse_keys.node(),
+                glimpse_values.node(),
+                logit_keys.node(),
+            ];
+            let inputs = [
+                query.into_primitive(),
+                glimpse_keys.into_primitive(),
+                glimpse_values.into_primitive(),
+                logit_keys.into_primitive(),
+            ];
+            let step = StepTensors::new(inputs, mask, scale);
+            match DecoderStepBackward
+                .prepare::<C>(nodes)
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => {
+                    let (log_probs, saved) = step.forward();
+                    prep.finish((step, log_probs.clone(), saved), log_probs)
+                }
+                OpsKind::UnTracked(prep) => prep.finish(step.forward().0),
+            }
+        }
+    }
+}
