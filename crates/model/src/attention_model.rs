@@ -454,6 +454,8 @@ mod tests {
         b: usize,
         s: usize,
         n: usize,
+        heads: usize,
+        head_dim: usize,
         temperature: f64,
     }
 
@@ -470,7 +472,7 @@ mod tests {
             "the tests run where the fused step exists"
         );
         let model = small_model(&device);
-        let (b, s, n, heads, dk) = (case.b, case.s, case.n, 4, 4);
+        let (b, s, n, heads, dk) = (case.b, case.s, case.n, case.heads, case.head_dim);
         let d = heads * dk;
         let leaf = |seed, shape: Vec<usize>| {
             let len = shape.iter().product();
@@ -571,6 +573,8 @@ mod tests {
             b: 8,
             s: 1,
             n: 7,
+            heads: 4,
+            head_dim: 4,
             temperature: 1.0,
         });
     }
@@ -581,7 +585,23 @@ mod tests {
             b: 3,
             s: 5,
             n: 6,
+            heads: 4,
+            head_dim: 4,
             temperature: 0.7,
+        });
+    }
+
+    /// The shipped models' head size (16) and more nodes than one 8-lane vector: the
+    /// kernel's vector paths, where the cases above take its lane-by-lane ones.
+    #[test]
+    fn fused_step_matches_op_by_op_at_vector_sizes() {
+        assert_fused_matches_op_by_op(StepCase {
+            b: 2,
+            s: 4,
+            n: 21,
+            heads: 8,
+            head_dim: 16,
+            temperature: 1.0,
         });
     }
 
