@@ -1,16 +1,23 @@
 //! The model on every CPU backend compiled in (`cargo xtask bench` builds ndarray and
 //! flex): uploading a batch, the encoder, one decode step, and encode + full greedy
 //! decode of batch 512 at n = 20, 50 and 100. Throughput lines give instances per second.
+//! And on flex with autodiff, a POMO training decode and its backward (batch 64 × 20
+//! starts, n = 20, d = 128): the fused decoder step against Burn's ops one by one.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use routeburn_data::{Generator, InstanceRng};
-use routeburn_model::{AttentionModelConfig, Backend, CvrpState, DecodeOptions, DeviceBatch};
+use routeburn_model::{
+    AttentionModelConfig, Backend, CvrpState, DecodeOptions, DeviceBatch, NoiseShape, StepKernel,
+};
 
 fn model(c: &mut Criterion) {
     // The heap settings `routeburn` itself runs with.
     routeburn_trainer::allocator::tune_for_tensors();
     for backend in Backend::compiled().into_iter().filter(|b| b.is_cpu()) {
         model_on(c, backend);
+    }
+    if Backend::Flex.is_compiled() {
+        pomo_decode(c);
     }
 }
 
@@ -50,6 +57,38 @@ fn model_on(c: &mut Criterion, backend: Backend) {
                 let problem = DeviceBatch::upload(&batch, None, &device);
                 let out = model.decode(&problem, &DecodeOptions::greedy());
                 out.actions.into_data()
+            })
+        });
+    }
+    group.finish();
+}
+
+/// A POMO training decode (multi-start from every customer, sampled) and its backward,
+/// in each form of the decoder step; the encoder's share is the same in both.
+fn pomo_decode(c: &mut Criterion) {
+    let device = Backend::Flex.device().unwrap().autodiff();
+    device.seed(0);
+    let (b, n) = (64, 20);
+    let batch = Generator::uniform(n).sample_batch(&mut InstanceRng::new(7), b);
+    let noise = NoiseShape {
+        rows_per_instance: n,
+    };
+    let problem = DeviceBatch::upload(&batch, Some((noise, &mut InstanceRng::new(8))), &device);
+    let sampling = DecodeOptions::sample(1.0).with_multi_start(true);
+    let mut group = c.benchmark_group("pomo_decode-flex-autodiff");
+    group.sample_size(10);
+    group.throughput(Throughput::Elements(b as u64));
+    for (name, kernel) in [
+        ("fused", StepKernel::Fused),
+        ("op-by-op", StepKernel::OpByOp),
+    ] {
+        let model = AttentionModelConfig::new()
+            .with_decoder_step(kernel)
+            .init(&device);
+        group.bench_function(format!("{name}/{b}x{n}"), |bench| {
+            bench.iter(|| {
+                let out = model.decode(&problem, &sampling);
+                out.log_likelihood.sum().backward()
             })
         });
     }
