@@ -15,7 +15,7 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::{log_softmax, softmax};
-use burn::tensor::{Bool, Device, Tensor};
+use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::decode::{rollout, DecodeOptions, DecodeOutput, Policy};
 use crate::decoder_step::{fused_on, fused_step, StepKernel};
@@ -102,6 +102,10 @@ pub struct Precomputed {
     logit_keys: Tensor<3>,
     /// Rollouts per instance: S = n for a multi-start decode, else 1.
     starts: usize,
+    /// `[B × S]` the first flattened node row of each rollout's instance (i · N): a step
+    /// picks its last node's context row by `select`, a contiguous row copy, where a
+    /// `gather` of `[B, S, d]` indices reads one index per float.
+    row_offsets: Tensor<1, Int>,
 }
 
 impl AttentionModel {
@@ -136,6 +140,7 @@ impl AttentionModel {
     /// - `node_embeddings`: `[B, N, d]`
     pub fn precompute(&self, node_embeddings: Tensor<3>, starts: usize) -> Precomputed {
         let [b, n, d] = node_embeddings.dims();
+        let device = node_embeddings.device();
         let heads = self.num_heads;
         let dk = d / heads;
         let graph_embedding = node_embeddings.clone().mean_dim(1).reshape([b, d]); // [B, d]
@@ -174,6 +179,9 @@ impl AttentionModel {
             glimpse_values,
             logit_keys,
             starts,
+            row_offsets: Tensor::<1, Int>::arange(0..(b * starts) as i64, &device)
+                .div_scalar(starts as i64)
+                .mul_scalar(n as i64),
         }
     }
 
@@ -194,14 +202,19 @@ impl AttentionModel {
         state: &CvrpState,
         temperature: f64,
     ) -> Tensor<2> {
-        let [b, _, d] = pre.last_node_context.dims();
+        let [b, n, d] = pre.last_node_context.dims();
         let s = pre.starts;
         let mask = state.mask(); // [R, N]
 
-        let last = state.last_node().reshape([b, s, 1]).expand([b, s, d]); // [B, S, d]
+        let last = state.last_node().reshape([b * s]) + pre.row_offsets.clone(); // [R]
+        let last_context = pre
+            .last_node_context
+            .clone()
+            .reshape([b * n, d])
+            .select(0, last)
+            .reshape([b, s, d]); // [B, S, d]
         let remaining = state.remaining_capacity_fraction().reshape([b, s, 1]); // [B, S, 1]
-        let step_context = pre.last_node_context.clone().gather(1, last)
-            + remaining * pre.capacity_context.clone(); // [B, S, d]
+        let step_context = last_context + remaining * pre.capacity_context.clone(); // [B, S, d]
         let query = pre.fixed_context.clone() + step_context; // [B, S, d]
         if self.step_kernel == StepKernel::Fused && fused_on(&query.device()) {
             return fused_step(
@@ -298,7 +311,7 @@ impl Policy for AttentionModel {
 
 #[cfg(test)]
 mod tests {
-    use burn::tensor::{Int, TensorData};
+    use burn::tensor::TensorData;
 
     use super::*;
     use crate::backend::Backend;
@@ -512,6 +525,7 @@ mod tests {
                 glimpse_values: values.clone(),
                 logit_keys: logit_keys.clone(),
                 starts: s,
+                row_offsets: Tensor::zeros([b * s], &device),
             };
             model.step_op_by_op(&pre, query.clone(), mask.clone(), case.temperature)
         };

@@ -119,7 +119,7 @@ impl Backend {
             Backend::Flex => Ok(Device::flex()),
             #[cfg(feature = "cuda")]
             Backend::Cuda => {
-                crate::cuda_driver::check()?;
+                crate::cuda_driver::check().map_err(|e| BackendError::NoCudaDriver(e.0))?;
                 Ok(Device::cuda(0))
             }
             #[allow(unreachable_patterns)]

@@ -6,19 +6,25 @@
 use std::ffi::{c_char, c_int, c_uint, CStr};
 use std::path::PathBuf;
 
-use crate::backend::BackendError;
+use thiserror::Error;
+
+/// Why the CUDA backend cannot run here (`backend.rs` turns it into its own error; this
+/// module imports nothing of the crate's).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{0}")]
+pub struct NoCudaDriver(pub String);
 
 /// The driver library cudarc loads.
 pub const DRIVER_LIBRARY: &str = "libcuda.so.1";
 
 /// Checks the driver, a device and libdevice.
-pub fn check() -> Result<(), BackendError> {
+pub fn check() -> Result<(), NoCudaDriver> {
     check_driver(DRIVER_LIBRARY)?;
     find_libdevice().map(|_| ())
 }
 
 /// Loads `library` and asks it for its devices.
-pub fn check_driver(library: &str) -> Result<(), BackendError> {
+pub fn check_driver(library: &str) -> Result<(), NoCudaDriver> {
     let name = std::ffi::CString::new(library).expect("no NUL in a library name");
     // SAFETY: dlopen/dlsym/dlerror with valid C strings; the two driver entry points are
     // called with the signatures of the CUDA driver API (cuInit, cuDeviceGetCount).
@@ -26,14 +32,14 @@ pub fn check_driver(library: &str) -> Result<(), BackendError> {
         let handle = libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
         if handle.is_null() {
             let reason = dlerror_text();
-            return Err(BackendError::NoCudaDriver(format!(
+            return Err(NoCudaDriver(format!(
                 "{library} cannot be loaded ({reason}): install the NVIDIA driver, or use --backend flex"
             )));
         }
         let init = libc::dlsym(handle, c"cuInit".as_ptr());
         let count = libc::dlsym(handle, c"cuDeviceGetCount".as_ptr());
         if init.is_null() || count.is_null() {
-            return Err(BackendError::NoCudaDriver(format!(
+            return Err(NoCudaDriver(format!(
                 "{library} has no cuInit/cuDeviceGetCount: not an NVIDIA driver library"
             )));
         }
@@ -41,13 +47,13 @@ pub fn check_driver(library: &str) -> Result<(), BackendError> {
         let count: extern "C" fn(*mut c_int) -> c_int = std::mem::transmute(count);
         let status = init(0);
         if status != 0 {
-            return Err(BackendError::NoCudaDriver(format!(
+            return Err(NoCudaDriver(format!(
                 "the NVIDIA driver did not start (cuInit error {status}): is a GPU present and the driver loaded?"
             )));
         }
         let mut devices: c_int = 0;
         if count(&mut devices) != 0 || devices == 0 {
-            return Err(BackendError::NoCudaDriver(
+            return Err(NoCudaDriver(
                 "the NVIDIA driver sees no GPU: use --backend flex".into(),
             ));
         }
@@ -66,7 +72,7 @@ unsafe fn dlerror_text() -> String {
 }
 
 /// `nvvm/libdevice/libdevice.10.bc` under `$CUDA_PATH`, `$CUDA_HOME` or `/usr/local/cuda`.
-pub fn find_libdevice() -> Result<PathBuf, BackendError> {
+pub fn find_libdevice() -> Result<PathBuf, NoCudaDriver> {
     let roots: Vec<PathBuf> = ["CUDA_PATH", "CUDA_HOME"]
         .iter()
         .filter_map(|v| std::env::var_os(v).map(PathBuf::from))
@@ -77,7 +83,7 @@ pub fn find_libdevice() -> Result<PathBuf, BackendError> {
         .map(|r| r.join("nvvm/libdevice/libdevice.10.bc"))
         .find(|p| p.is_file())
         .ok_or_else(|| {
-            BackendError::NoCudaDriver(format!(
+            NoCudaDriver(format!(
                 "libdevice.10.bc not found (looked in {}): install the CUDA toolkit's nvvm, or set CUDA_PATH",
                 roots
                     .iter()

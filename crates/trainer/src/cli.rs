@@ -91,3 +91,51 @@ fn run(cli: Cli) -> Result<ExitCode, TrainError> {
         Command::CompareBackends(args) => commands::compare::run(args),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `routeburn ...` command lines of the user-facing docs, as written.
+    fn documented_command_lines() -> Vec<(String, Vec<String>)> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut lines = Vec::new();
+        for doc in ["README.md", "docs/config.md"] {
+            let text = std::fs::read_to_string(root.join(doc)).unwrap();
+            let mut in_code = false;
+            for line in text.lines() {
+                if line.starts_with("```") {
+                    in_code = !in_code;
+                    continue;
+                }
+                let command = line.split('#').next().unwrap_or("").trim();
+                if in_code && command.starts_with("routeburn ") {
+                    let words = command.split_whitespace().map(String::from).collect();
+                    lines.push((format!("{doc}: {command}"), words));
+                }
+            }
+        }
+        lines
+    }
+
+    /// Every `routeburn` line in the README parses as the CLI defines it, and the repository
+    /// files it names (configs, data) exist; what it writes (`--out`, `runs/`) may not yet.
+    #[test]
+    fn readme_command_lines_parse_and_name_existing_files() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let lines = documented_command_lines();
+        assert!(lines.len() >= 10, "the README's commands were found");
+        for (line, words) in lines {
+            if let Err(e) = Cli::try_parse_from(&words) {
+                panic!("{line}: {e}");
+            }
+            for pair in words.windows(2) {
+                let (flag, arg) = (&pair[0], &pair[1]);
+                let output = flag.starts_with("--out");
+                if !output && (arg.starts_with("configs/") || arg.starts_with("data/")) {
+                    assert!(root.join(arg).exists(), "{line}: {arg} does not exist");
+                }
+            }
+        }
+    }
+}

@@ -7,7 +7,7 @@ use routeburn_data::Batch;
 use routeburn_model::{DecodeOptions, DeviceBatch, Policy};
 
 use crate::error::TrainError;
-use crate::run::shards::{in_parallel, Shards};
+use crate::shards::{in_parallel, Shards};
 
 /// Reads int tensor data of either int width as i64.
 pub(crate) fn int_data_to_i64(data: TensorData) -> Vec<i64> {

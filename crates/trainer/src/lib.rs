@@ -17,6 +17,7 @@ mod inference;
 mod plot;
 mod reinforce;
 mod run;
+mod shards;
 mod supervised;
 mod training;
 

@@ -466,3 +466,95 @@ fn config_errors_name_the_key() {
         assert!(err.contains(key), "expected `{key}` in: {err}");
     }
 }
+
+/// The rows of `docs/config.md`: (model kind the table is for, key, default cell).
+fn documented_keys() -> Vec<(Option<&'static str>, String, String)> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/config.md");
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut kind = None;
+    let mut rows = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("## ") {
+            kind = ["attention", "pointer"]
+                .into_iter()
+                .find(|k| line.contains(&format!("kind = \"{k}\"")));
+        }
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if cells.len() >= 4 && cells[1].starts_with('`') {
+            let key = cells[1].trim_matches('`').to_string();
+            rows.push((kind, key, cells[2].trim_matches('`').to_string()));
+        }
+    }
+    rows
+}
+
+/// Dotted keys of a TOML table, with their values.
+fn flatten(value: &toml::Value, prefix: &str, out: &mut Vec<(String, toml::Value)>) {
+    match value {
+        toml::Value::Table(t) => {
+            for (k, v) in t {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(v, &key, out);
+            }
+        }
+        other => out.push((prefix.to_string(), other.clone())),
+    }
+}
+
+/// `docs/config.md` lists every key of the config structs, and each default it gives is
+/// the one the structs apply: setting a key to its documented default changes nothing.
+#[test]
+fn config_reference_matches_the_config_structs() {
+    let rows = documented_keys();
+    for kind in ["attention", "pointer"] {
+        let minimal = format!("[problem]\nn = 20\n[model]\nkind = \"{kind}\"\n");
+        let defaults = Config::from_toml(&minimal, "minimal").unwrap();
+        let table: toml::Value = toml::from_str(&defaults.to_toml()).unwrap();
+        let mut serialized = Vec::new();
+        flatten(&table, "", &mut serialized);
+        let ours: Vec<_> = rows
+            .iter()
+            .filter(|(k, _, _)| k.is_none() || *k == Some(kind))
+            .collect();
+        for (key, _) in &serialized {
+            assert!(
+                ours.iter().any(|(_, k, _)| k == key),
+                "docs/config.md does not document `{key}` ({kind} model)"
+            );
+        }
+        for (_, key, default) in ours {
+            let present = serialized.iter().any(|(k, _)| k == key);
+            match default.as_str() {
+                "(required)" => assert!(present, "{key}"),
+                "—" => assert!(!present, "`{key}` is documented as unset by default"),
+                literal => {
+                    let value: toml::Value =
+                        toml::from_str::<toml::Table>(&format!("v = {literal}")).unwrap()["v"]
+                            .clone();
+                    let mut edited = table.clone();
+                    let (path, last) = key.rsplit_once('.').unwrap();
+                    let mut at = &mut edited;
+                    for part in path.split('.') {
+                        at = at
+                            .as_table_mut()
+                            .unwrap()
+                            .entry(part)
+                            .or_insert(toml::Value::Table(Default::default()));
+                    }
+                    at.as_table_mut().unwrap().insert(last.to_string(), value);
+                    let text = toml::to_string(&edited).unwrap();
+                    let with_key = Config::from_toml(&text, "documented default")
+                        .unwrap_or_else(|e| panic!("`{key} = {literal}`: {e}"));
+                    assert_eq!(
+                        with_key, defaults,
+                        "`{key}`: the documented default {literal} is not the default ({kind} model)"
+                    );
+                }
+            }
+        }
+    }
+}

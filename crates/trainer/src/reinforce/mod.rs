@@ -27,7 +27,7 @@ use crate::reinforce::rollout::RolloutBaseline;
 use crate::run::checkpoint::BaselineState;
 use crate::run::method::{RunRngs, Setup, StepContext, StepLoss, StepStats, TrainingMethod};
 use crate::run::metrics::{EpochMetrics, Phase};
-use crate::run::shards::{backward_in_parallel, in_parallel, shard_model, Shards};
+use crate::shards::{backward_in_parallel, in_parallel, shard_model, Shards};
 
 pub(crate) struct Reinforce {
     generator: Generator,

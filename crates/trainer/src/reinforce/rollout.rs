@@ -17,7 +17,7 @@ use crate::reinforce::baseline::{Baseline, Tours};
 use crate::reinforce::exponential::ExponentialBaseline;
 use crate::run::checkpoint::{record_error, save_module, BaselineState, BASELINE_FILE};
 use crate::run::method::Setup;
-use crate::run::shards::Shards;
+use crate::shards::Shards;
 
 /// Draws the seed of the first evaluation set, from `training.seed`.
 const BASELINE_STREAM: u64 = 0x6261_7365;

@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::error::TrainError;
 use crate::run::checkpoint::{BaselineState, TrainState};
 use crate::run::metrics::{EpochMetrics, PhaseTimes};
-use crate::run::shards::ShardedStep;
+use crate::shards::ShardedStep;
 
 /// What the skeleton hands a method to set itself up.
 pub(crate) struct Setup<'a> {

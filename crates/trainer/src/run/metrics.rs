@@ -153,13 +153,13 @@ impl EpochMetrics {
 
     pub fn csv_row(&self) -> String {
         let mut row = format!(
-            "{},{:.6},{:.6},{:.6},{:.6},{:e},{:.6},{},{},{:.1},{:.3},{:.3}",
+            "{},{:.6},{:.6},{:.6},{:.6},{},{:.6},{},{},{:.1},{:.3},{:.3}",
             self.epoch,
             self.train_cost,
             self.baseline_cost,
             self.loss,
             self.grad_norm,
-            self.lr,
+            short_exponent(self.lr),
             self.val_cost,
             self.val_gap.map(|g| format!("{g:.4}")).unwrap_or_default(),
             self.baseline_updated as u8,
@@ -171,6 +171,19 @@ impl EpochMetrics {
             row.push_str(&format!(",{:.3}", self.phases.seconds(p)));
         }
         row
+    }
+}
+
+/// `x` in exponent notation to 7 significant digits, trailing zeros dropped: `1e-3`,
+/// `9.6e-4`, `1.246904e-4` (a decayed rate in full would be `1.2469036178115703e-4`).
+fn short_exponent(x: f64) -> String {
+    let text = format!("{x:.6e}");
+    match text.split_once('e') {
+        Some((mantissa, exponent)) if mantissa.contains('.') => {
+            let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+            format!("{mantissa}e{exponent}")
+        }
+        _ => text,
     }
 }
 
@@ -215,4 +228,17 @@ pub(crate) fn truncate_metrics(path: &Path, keep_epochs: usize) -> Result<(), Tr
         }
     }
     write_atomic(path, out.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn learning_rates_print_short() {
+        assert_eq!(short_exponent(1e-3), "1e-3");
+        assert_eq!(short_exponent(1e-3 * 0.96), "9.6e-4");
+        assert_eq!(short_exponent(1.2469036178115703e-4), "1.246904e-4");
+        assert_eq!(short_exponent(5e-3), "5e-3");
+    }
 }

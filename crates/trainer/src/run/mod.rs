@@ -8,6 +8,5 @@ pub(crate) mod method;
 pub(crate) mod metrics;
 pub(crate) mod paths;
 pub(crate) mod progress;
-pub(crate) mod shards;
 pub(crate) mod skeleton;
 pub(crate) mod validation;

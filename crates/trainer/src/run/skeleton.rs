@@ -31,8 +31,8 @@ use crate::run::lock::RunLock;
 use crate::run::method::{RunRngs, Setup, StepContext, StepLoss, StepStats, TrainingMethod};
 use crate::run::metrics::{append_metrics, truncate_metrics, EpochMetrics, Phase, PhaseTimes};
 use crate::run::progress::{epoch_bar, print_summary};
-use crate::run::shards::ShardedStep;
 use crate::run::validation::ValidationSet;
+use crate::shards::ShardedStep;
 
 /// Burn's seed is global per backend: [`seeded`] holds this from seeding to the end of an
 /// initialisation, so runs in one process (tests) cannot interleave their draws.

@@ -10,7 +10,7 @@ use crate::config::{Config, ValidationStrategy};
 use crate::error::TrainError;
 use crate::evaluate::{batches_of, decode_costs, mean};
 use crate::run::paths::resolve;
-use crate::run::shards::Shards;
+use crate::shards::Shards;
 
 /// Batches, and reference costs per instance when the file has them.
 pub(crate) struct ValidationSet {

@@ -24,8 +24,8 @@ use crate::config::{Config, ModelConfig, SupervisedConfig};
 use crate::error::TrainError;
 use crate::run::method::{RunRngs, Setup, StepContext, StepLoss, TrainingMethod};
 use crate::run::metrics::{EpochMetrics, Phase};
-use crate::run::shards::{backward_in_parallel, in_parallel, shard_model, Shards};
 use crate::run::skeleton::seeded;
+use crate::shards::{backward_in_parallel, in_parallel, shard_model, Shards};
 use crate::supervised::labels::{load_or_make_labels, Example};
 
 /// Batches the loader may build ahead of the training loop.
