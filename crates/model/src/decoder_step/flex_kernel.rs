@@ -38,6 +38,15 @@ pub(crate) struct Scale {
     pub(crate) temperature: f32,
 }
 
+impl Scale {
+    pub(crate) fn new(tanh_clipping: f32, temperature: f32) -> Self {
+        Self {
+            tanh_clipping,
+            temperature,
+        }
+    }
+}
+
 /// The forward pass's inputs.
 pub(crate) struct Inputs<'a> {
     pub(crate) query: &'a [f32],

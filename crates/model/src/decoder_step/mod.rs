@@ -190,10 +190,10 @@ mod flex_impl {
             .expect("the fused decoder step runs in f32 on contiguous tensors")
     }
 
-    fn tensor<const D: usize>(values: Vec<f32>, shape: [usize; D]) -> FlexTensor {
+    fn tensor(values: Vec<f32>, shape: impl Into<Shape>) -> FlexTensor {
         FlexTensor::new(
             burn::backend::Bytes::from_elems(values),
-            Layout::contiguous(Shape::from(shape)),
+            Layout::contiguous(shape.into()),
             DType::F32,
         )
     }
@@ -208,10 +208,7 @@ mod flex_impl {
             tanh_clipping: f32,
             temperature: f32,
         ) -> FloatTensor<Self> {
-            let scale = Scale {
-                tanh_clipping,
-                temperature,
-            };
+            let scale = Scale::new(tanh_clipping, temperature);
             let inputs = [query, glimpse_keys, glimpse_values, logit_keys];
             StepTensors::new(inputs, mask, scale).forward().0
         }
@@ -249,11 +246,7 @@ mod flex_impl {
             let values = [g.query, g.glimpse_keys, g.glimpse_values, g.logit_keys];
             for ((parent, grad), shape) in ops.parents.into_iter().zip(values).zip(shapes) {
                 if let Some(node) = parent {
-                    let t = FlexTensor::new(
-                        burn::backend::Bytes::from_elems(grad),
-                        Layout::contiguous(shape),
-                        DType::F32,
-                    );
+                    let t = tensor(grad, shape);
                     grads.register::<Flex>(node.id, t);
                 }
             }
@@ -270,10 +263,7 @@ mod flex_impl {
             tanh_clipping: f32,
             temperature: f32,
         ) -> FloatTensor<Self> {
-            let scale = Scale {
-                tanh_clipping,
-                temperature,
-            };
+            let scale = Scale::new(tanh_clipping, temperature);
             let nodes = [
                 query.node(),
                 glimpse_keys.node(),
