@@ -22,6 +22,8 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::Tensor;
 
+use crate::config::TrainingConfig;
+
 /// How a batch is split: `count` shards of consecutive instances.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Shards {
@@ -33,6 +35,12 @@ impl Shards {
         Self {
             count: count.max(1),
         }
+    }
+
+    /// The run's shards (the skeleton has resolved `training.shards` before any method
+    /// starts; unset only means one for code that runs outside a run).
+    pub(crate) fn of(training: &TrainingConfig) -> Self {
+        Self::new(training.shards.unwrap_or(1))
     }
 
     /// The instance ranges of a batch of `instances`: as even as possible, the larger

@@ -73,7 +73,7 @@ impl TrainingMethod for Reinforce {
             batch_size: config.training.batch_size,
             batches_per_epoch: config.reinforce.batches_per_epoch,
             baseline,
-            shards: Shards::new(config.training.shards.unwrap_or(1)),
+            shards: Shards::of(&config.training),
         })
     }
 
@@ -167,11 +167,8 @@ impl Reinforce {
                 .register(s.actions.clone().without_autodiff())
                 .register(s.log_likelihood.clone().without_autodiff().sum());
         }
-        let baseline_steps: Vec<usize> = baseline_tours
-            .iter()
-            .flatten()
-            .map(|a| a.dims()[1])
-            .collect();
+        let baseline_dims: Vec<[usize; 2]> =
+            baseline_tours.iter().flatten().map(|a| a.dims()).collect();
         for a in baseline_tours.into_iter().flatten() {
             tx = tx.register(a);
         }
@@ -195,16 +192,9 @@ impl Reinforce {
                 .map_err(|e| TrainError::Input(format!("log-likelihood: {e:?}")))?;
             ll_sum += ll[0];
         }
-        let baseline_parts: Vec<(Vec<i64>, [usize; 2])> = baseline_steps
-            .iter()
-            .zip(&tours)
-            .map(|(&steps, (_, [rows, _]))| {
-                let instances = rows / sampled[0].rows_per_instance;
-                (
-                    int_data_to_i64(data.next().expect("baseline")),
-                    [instances, steps],
-                )
-            })
+        let baseline_parts: Vec<(Vec<i64>, [usize; 2])> = baseline_dims
+            .into_iter()
+            .map(|dims| (int_data_to_i64(data.next().expect("baseline")), dims))
             .collect();
         // A policy with non-finite log-probabilities emits garbage; say why first.
         if !ll_sum.is_finite() {
@@ -235,17 +225,19 @@ fn shard_losses(
     device: &Device,
 ) -> Vec<(AttentionModel, Tensor<1>)> {
     let total_rows = valued.costs.len();
+    let advantage: Vec<f32> = (valued.costs.iter().zip(&valued.baselines))
+        .map(|(c, b)| (c - b) as f32)
+        .collect();
+    // One upload for the batch; each shard takes its rows.
+    let advantage = Tensor::<1>::from_data(TensorData::new(advantage, [total_rows]), device);
     let mut first_row = 0;
     sampled
         .into_iter()
         .map(|(model, decoded)| {
             let rows = decoded.log_likelihood.dims()[0];
-            let advantage: Vec<f32> = (first_row..first_row + rows)
-                .map(|i| (valued.costs[i] - valued.baselines[i]) as f32)
-                .collect();
+            let shard_advantage = advantage.clone().slice(first_row..first_row + rows); // [rows]
             first_row += rows;
-            let advantage = Tensor::<1>::from_data(TensorData::new(advantage, [rows]), device);
-            let loss = (advantage * decoded.log_likelihood).sum() / total_rows as f64; // [1]
+            let loss = (shard_advantage * decoded.log_likelihood).sum() / total_rows as f64; // [1]
             (model, loss)
         })
         .collect()

@@ -66,7 +66,7 @@ impl RolloutBaseline {
             options: DecodeOptions::greedy()
                 .with_check_every(setup.config.training.decode_check_every),
             device: setup.device.clone(),
-            shards: Shards::new(setup.config.training.shards.unwrap_or(1)),
+            shards: Shards::of(&setup.config.training),
         };
         let (frozen, rng, eval_seed, warmup_value) = match setup.resume {
             None => {

@@ -27,7 +27,7 @@ impl ValidationSet {
         config_dir: Option<&Path>,
     ) -> Result<Self, TrainError> {
         let v = &config.validation;
-        let shards = Shards::new(config.training.shards.unwrap_or(1));
+        let shards = Shards::of(&config.training);
         let options = DecodeOptions::greedy()
             .with_check_every(config.training.decode_check_every)
             .with_multi_start(config.validation_strategy() == ValidationStrategy::Multistart);

@@ -85,7 +85,7 @@ impl TrainingMethod for Supervised {
             train_device: setup.device.clone().autodiff(),
             teacher_forcing: 1.0,
             batches: None,
-            shards: Shards::new(t.shards.unwrap_or(1)),
+            shards: Shards::of(t),
             draws_randomness: match &setup.config.model {
                 ModelConfig::Pointer(p) => p.dropout > 0.0,
                 ModelConfig::Attention(_) => false,
