@@ -63,14 +63,21 @@ def patch_rollout_baseline():
     REINFORCE.shared_step = shared_step
 
 
-def cpu_trainer(args, epochs, callback, **extra):
-    """A Lightning trainer on the CPU with routeburn's gradient clipping (1.0), no logger,
-    checkpoints or progress bar, stopped by `--max-minutes` if given."""
+def sync(args):
+    """Waits for the GPU's queued work, so that a host clock times it."""
+    if args.accelerator == "gpu":
+        torch.cuda.synchronize()
+
+
+def lightning_trainer(args, epochs, callback, **extra):
+    """A Lightning trainer on `--accelerator` (the CPU by default, `gpu` for gpu-check) with
+    routeburn's gradient clipping (1.0), no logger, checkpoints or progress bar, stopped by
+    `--max-minutes` if given."""
     import lightning as L
 
     return L.Trainer(
         max_epochs=epochs,
-        accelerator="cpu",
+        accelerator=args.accelerator,
         devices=1,
         precision=args.precision,
         logger=False,
@@ -120,7 +127,7 @@ def train(args):
         optimizer_kwargs={"lr": args.lr},
         **scheduler,
     )
-    trainer = cpu_trainer(args, args.epochs, EpochTimer())
+    trainer = lightning_trainer(args, args.epochs, EpochTimer())
     start = time.perf_counter()
     trainer.fit(model)
     print(f"rl4co trained {trainer.current_epoch} epochs in {time.perf_counter() - start:.0f} s")
@@ -144,9 +151,11 @@ def pomo(args):
             self.times = []
 
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            sync(args)
             self.start = time.perf_counter()
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            sync(args)
             self.times.append(time.perf_counter() - self.start)
 
     env = CVRPEnv(generator_params={"num_loc": args.n})
@@ -171,7 +180,7 @@ def pomo(args):
         **scheduler,
     )
     timer = BatchTimer()
-    trainer = cpu_trainer(
+    trainer = lightning_trainer(
         args, args.epochs if budget else 1, timer, num_sanity_val_steps=0, limit_val_batches=0
     )
     start = time.perf_counter()
@@ -260,6 +269,8 @@ def main():
     p.add_argument("--max-minutes", type=float, default=None)
     p.add_argument("--warmup", type=int, default=2, help="pomo: batches left out of the timing")
     p.add_argument("--eval", default=None, help="a routeburn JSONL dataset with reference costs")
+    p.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"],
+                   help="train and pomo: Lightning's accelerator (gpu: the first CUDA device)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(1234)

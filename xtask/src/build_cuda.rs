@@ -35,13 +35,13 @@ pub fn build_cuda(root: &Path) -> Result<PathBuf, String> {
     std::os::unix::fs::symlink(&llvm, &install).map_err(io(&install))?;
 
     eprintln!(
-        "build-cuda: building routeburn with cuda, flex and ndarray (about an hour on one core)"
+        "build-cuda: building routeburn with cuda, cpu (CubeCL's CPU runtime), flex and ndarray (about an hour on one core)"
     );
     let target_dir = root.join("target/cuda");
     let ok = Command::new(env!("CARGO"))
         .current_dir(root)
         .args(["build", "--release", "--locked", "-p", "routeburn-trainer"])
-        .args(["--features", "cuda,ndarray"])
+        .args(["--features", "cuda,cpu,ndarray"])
         .env("XDG_DATA_HOME", &xdg)
         .env("CUDARC_CUDA_VERSION", CUDA_VERSION)
         .env("CARGO_TARGET_DIR", &target_dir)

@@ -21,18 +21,24 @@ pub enum Backend {
     Flex,
     /// CUDA through CubeCL, on GPU 0.
     Cuda,
+    /// CubeCL's CPU runtime (`burn-cpu`): the CUDA path's fusion, autotune and kernel
+    /// compiles (through the same LLVM) on a machine without a GPU. A developer's stand-in
+    /// for counting compiles, not a fast CPU backend (flex is).
+    Cpu,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum BackendError {
-    #[error("unknown backend `{0}`; expected one of: ndarray, flex, cuda")]
+    #[error("unknown backend `{0}`; expected one of: ndarray, flex, cuda, cpu")]
     Unknown(String),
     #[error("backend `{requested}` was not compiled into this binary (compiled: {compiled}); rebuild with `--features {requested}`, e.g. `cargo xtask train --backend {requested}`")]
     NotCompiled {
         requested: Backend,
         compiled: String,
     },
-    #[error("no backend was compiled in; build with one of the features ndarray, flex or cuda")]
+    #[error(
+        "no backend was compiled in; build with one of the features ndarray, flex, cuda or cpu"
+    )]
     NoneCompiled,
     /// The cuda backend was asked for on a machine that cannot run it.
     #[error("cuda: {0}")]
@@ -40,13 +46,14 @@ pub enum BackendError {
 }
 
 impl Backend {
-    pub const ALL: [Backend; 3] = [Backend::Ndarray, Backend::Flex, Backend::Cuda];
+    pub const ALL: [Backend; 4] = [Backend::Ndarray, Backend::Flex, Backend::Cuda, Backend::Cpu];
 
     pub fn name(self) -> &'static str {
         match self {
             Backend::Ndarray => "ndarray",
             Backend::Flex => "flex",
             Backend::Cuda => "cuda",
+            Backend::Cpu => "cpu",
         }
     }
 
@@ -55,14 +62,15 @@ impl Backend {
             Backend::Ndarray => cfg!(feature = "ndarray"),
             Backend::Flex => cfg!(feature = "flex"),
             Backend::Cuda => cfg!(feature = "cuda"),
+            Backend::Cpu => cfg!(feature = "cpu"),
         }
     }
 
     /// Every backend compiled into this binary, in order of preference.
     pub fn compiled() -> Vec<Backend> {
         // CUDA, when compiled in, is preferred; among CPU backends flex (Burn's recommended
-        // one) before ndarray. Not yet chosen by measurement: see the README.
-        [Backend::Cuda, Backend::Flex, Backend::Ndarray]
+        // one) before ndarray; the CubeCL CPU stand-in only when asked for by name.
+        [Backend::Cuda, Backend::Flex, Backend::Ndarray, Backend::Cpu]
             .into_iter()
             .filter(|b| b.is_compiled())
             .collect()
@@ -120,7 +128,13 @@ impl Backend {
             #[cfg(feature = "cuda")]
             Backend::Cuda => {
                 crate::cuda_driver::check().map_err(|e| BackendError::NoCudaDriver(e.0))?;
+                crate::cubecl_config::configure();
                 Ok(Device::cuda(0))
+            }
+            #[cfg(feature = "cpu")]
+            Backend::Cpu => {
+                crate::cubecl_config::configure();
+                Ok(Device::cpu())
             }
             #[allow(unreachable_patterns)]
             other => Err(BackendError::NotCompiled {
@@ -130,8 +144,10 @@ impl Backend {
         }
     }
 
-    pub fn is_cpu(self) -> bool {
-        !matches!(self, Backend::Cuda)
+    /// Whether the backend runs through CubeCL (fusion, autotune, compiled kernels), where
+    /// a host sync costs far more than a few idle decode steps.
+    pub fn is_cubecl(self) -> bool {
+        matches!(self, Backend::Cuda | Backend::Cpu)
     }
 }
 
@@ -148,6 +164,7 @@ impl FromStr for Backend {
             "ndarray" => Ok(Backend::Ndarray),
             "flex" => Ok(Backend::Flex),
             "cuda" => Ok(Backend::Cuda),
+            "cpu" => Ok(Backend::Cpu),
             _ => Err(BackendError::Unknown(s.to_string())),
         }
     }

@@ -24,8 +24,8 @@ pub struct DecodeOptions {
     /// POMO's multi-start: one rollout per instance and first customer (n rows each).
     pub multi_start: bool,
     /// Check for "every instance finished" every this many steps (each check is one device
-    /// read). Larger values save syncs on a GPU at the cost of up to `check_every - 1`
-    /// wasted steps.
+    /// read). Larger values save syncs at the cost of up to `check_every - 1` wasted
+    /// steps. CubeCL devices ignore it: they check at fixed steps (`FinishChecks::Buckets`).
     pub check_every: usize,
 }
 
@@ -101,12 +101,13 @@ pub struct DecodeOutput {
 /// state (a model reads the node the vehicle stands at from [`CvrpState::last_node`]); a
 /// recurrent model keeps its hidden state in the closure.
 ///
-/// # Host syncs
-/// The loop never reads the device, except for one boolean "all finished?" read every
-/// `check_every` steps, starting only once the host-side lower bound
-/// [`DeviceBatch::min_steps`] is reached; it is also bounded by [`max_decode_steps`] = 2n,
-/// which no decode can exceed. Rows that finish early stay at the depot with
-/// log-probability 0, so the batch decodes in lockstep.
+/// # Host syncs and op streams
+/// The loop never reads the device, except for one boolean "all finished?" read at the
+/// steps [`FinishChecks`] names; it is also bounded by [`max_decode_steps`] = 2n, which no
+/// decode can exceed. Rows that finish early stay at the depot with log-probability 0, so
+/// the batch decodes in lockstep. On CubeCL devices every step issues the same operations
+/// (see [`Record`]) and the checks fall on the same steps for every batch, so the fused
+/// plans and kernels compiled for the first batch serve all the others.
 ///
 /// # Shapes
 /// - `next_log_probs`: state of R rows → `[R, N]`, −∞ at masked nodes
@@ -122,6 +123,7 @@ pub(crate) fn rollout(
     let starts = options.rows_per_instance(n);
     let rows = b * starts;
     let device = problem.coords.device();
+    let stable = stable_op_stream(&device);
     let mut state = CvrpState::with_arithmetic(
         repeat_rows(problem.demands.clone(), starts),
         repeat_rows(problem.capacity.clone(), starts),
@@ -129,8 +131,7 @@ pub(crate) fn rollout(
     );
 
     let max_steps = max_decode_steps(n);
-    let mut actions: Vec<Tensor<2, Int>> = Vec::with_capacity(max_steps);
-    let mut log_probs: Vec<Tensor<2>> = Vec::with_capacity(max_steps);
+    let mut record = Record::new(stable, rows, max_steps, &device);
     let mut first_step = 0;
     if options.multi_start {
         // POMO: row (instance i, start s) begins with customer s + 1. The forced move has
@@ -140,15 +141,19 @@ pub(crate) fn rollout(
             .expand([b, n])
             .reshape([rows, 1]); // [R, 1]
         state.step(forced.clone());
-        actions.push(forced);
+        record.push_action(0, forced);
         first_step = 1;
     }
 
-    let first_check = problem.min_steps.max(1);
+    let checks = match stable {
+        true => FinishChecks::Buckets { n },
+        false => FinishChecks::Every {
+            from: problem.min_steps.max(1),
+            every: options.check_every.max(1),
+        },
+    };
     for step in first_step..max_steps {
-        let check_now =
-            step >= first_check && (step - first_check).is_multiple_of(options.check_every.max(1));
-        if check_now && state.finished().all().into_scalar::<bool>() {
+        if checks.due(step) && state.finished().all().into_scalar::<bool>() {
             break;
         }
         let log_p = next_log_probs(&state); // [R, N]
@@ -162,20 +167,131 @@ pub(crate) fn rollout(
                 sample_inverse_cdf(log_p.clone(), noise.clone().slice_dim(1, step..step + 1))
             }
         };
-        log_probs.push(log_p.gather(1, action.clone())); // [R, 1]
+        record.push_log_prob(log_p.gather(1, action.clone())); // [R, 1]
         state.step(action.clone());
-        actions.push(action);
+        record.push_action(step, action);
+    }
+    record.finish(starts)
+}
+
+/// Whether `device` runs through CubeCL, whose fusion caches plans (and compiles kernels)
+/// per relative op stream: a decode there must issue the same stream for every batch.
+fn stable_op_stream(device: &burn::tensor::Device) -> bool {
+    #[cfg(any(feature = "cuda", feature = "cpu"))]
+    {
+        use burn::backend::DispatchDevice;
+        match device.as_dispatch() {
+            DispatchDevice::Cube(_) => true,
+            DispatchDevice::Autodiff(inner) => matches!(**inner, DispatchDevice::Cube(_)),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+    #[cfg(not(any(feature = "cuda", feature = "cpu")))]
+    {
+        let _ = device;
+        false
+    }
+}
+
+/// The steps before which a decode reads "all finished?" from the device.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum FinishChecks {
+    /// Every `every` steps from the batch's host-side lower bound `from` (CPU backends:
+    /// a read is cheap, an idle step is not).
+    Every { from: usize, every: usize },
+    /// At steps n, n + ⌈n/4⌉, n + 2⌈n/4⌉, … below 2n, whatever the batch: at most four
+    /// reads and five decode lengths, so every batch replays cached plans.
+    Buckets { n: usize },
+}
+
+impl FinishChecks {
+    fn due(self, step: usize) -> bool {
+        match self {
+            FinishChecks::Every { from, every } => {
+                step >= from && (step - from).is_multiple_of(every)
+            }
+            FinishChecks::Buckets { n } => step >= n && (step - n).is_multiple_of(n.div_ceil(4)),
+        }
+    }
+}
+
+/// Where a decode's actions and chosen log-probabilities go.
+enum Record {
+    /// Lists concatenated once at the end: the fewest operations, for host-driven backends.
+    Lists {
+        actions: Vec<Tensor<2, Int>>,
+        log_probs: Vec<Tensor<2>>,
+        rows: usize,
+    },
+    /// `[R, 2n]` actions written in place and a running `[R, 1]` log-likelihood: each step
+    /// issues the same operations, however long the decode (CubeCL).
+    InPlace(Box<(Tensor<2, Int>, Tensor<2>)>),
+}
+
+impl Record {
+    fn new(in_place: bool, rows: usize, max_steps: usize, device: &burn::tensor::Device) -> Self {
+        match in_place {
+            true => Record::InPlace(Box::new((
+                Tensor::zeros([rows, max_steps], device),
+                Tensor::zeros([rows, 1], device),
+            ))),
+            false => Record::Lists {
+                actions: Vec::with_capacity(max_steps),
+                log_probs: Vec::with_capacity(max_steps),
+                rows,
+            },
+        }
     }
 
-    let log_likelihood = if log_probs.is_empty() {
-        Tensor::zeros([rows], &device)
-    } else {
-        Tensor::cat(log_probs, 1).sum_dim(1).squeeze_dim::<1>(1) // [R]
-    };
-    DecodeOutput {
-        actions: Tensor::cat(actions, 1), // [R, T]
-        log_likelihood,
-        rows_per_instance: starts,
+    /// `action`: `[R, 1]`, the node chosen at `step`.
+    fn push_action(&mut self, step: usize, action: Tensor<2, Int>) {
+        match self {
+            Record::Lists { actions, .. } => actions.push(action),
+            Record::InPlace(record) => {
+                let rows = action.dims()[0];
+                let actions = &mut record.0;
+                *actions = actions
+                    .clone()
+                    .slice_assign([0..rows, step..step + 1], action);
+            }
+        }
+    }
+
+    /// `log_p`: `[R, 1]`, the chosen node's log-probability.
+    fn push_log_prob(&mut self, log_p: Tensor<2>) {
+        match self {
+            Record::Lists { log_probs, .. } => log_probs.push(log_p),
+            Record::InPlace(record) => {
+                let log_likelihood = &mut record.1;
+                *log_likelihood = log_likelihood.clone() + log_p;
+            }
+        }
+    }
+
+    fn finish(self, rows_per_instance: usize) -> DecodeOutput {
+        let (actions, log_likelihood) = match self {
+            Record::Lists {
+                actions,
+                log_probs,
+                rows,
+            } => {
+                let log_likelihood = match log_probs.is_empty() {
+                    true => Tensor::zeros([rows], &actions[0].device()),
+                    false => Tensor::cat(log_probs, 1).sum_dim(1).squeeze_dim::<1>(1), // [R]
+                };
+                (Tensor::cat(actions, 1), log_likelihood) // [R, T]
+            }
+            Record::InPlace(record) => {
+                let (actions, log_likelihood) = *record;
+                (actions, log_likelihood.squeeze_dim::<1>(1))
+            }
+        };
+        DecodeOutput {
+            actions,
+            log_likelihood,
+            rows_per_instance,
+        }
     }
 }
 
@@ -205,4 +321,75 @@ fn sample_inverse_cdf(log_p: Tensor<2>, uniform: Tensor<2>) -> Tensor<2, Int> {
         .int()
         .sum_dim(1)
         .clamp_max((n - 1) as i64) // [R, 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::{Device, TensorData};
+
+    #[test]
+    fn buckets_check_at_five_fixed_steps() {
+        // A decode runs at most 2n steps: 0..2n.
+        let due = |checks: FinishChecks| (0..40).filter(|&s| checks.due(s)).collect::<Vec<_>>();
+        assert_eq!(due(FinishChecks::Buckets { n: 20 }), [20, 25, 30, 35]);
+        assert_eq!(due(FinishChecks::Buckets { n: 10 })[..4], [10, 13, 16, 19]);
+        assert_eq!(
+            due(FinishChecks::Every { from: 23, every: 4 }),
+            [23, 27, 31, 35, 39]
+        );
+    }
+
+    /// Both records give the same actions (the in-place one padded with zeros to 2n) and
+    /// log-likelihoods (sums of the same terms) for one made-up decode.
+    #[test]
+    fn in_place_record_matches_lists() {
+        let device = Device::flex();
+        let (rows, max_steps, steps) = (3, 6, 4);
+        let mut lists = Record::new(false, rows, max_steps, &device);
+        let mut in_place = Record::new(true, rows, max_steps, &device);
+        let mut expected_ll = [0.0f32; 3];
+        for step in 0..steps {
+            let nodes: Vec<i64> = (0..rows as i64).map(|r| (r + step as i64) % 3).collect();
+            let log_p: Vec<f32> = (0..rows)
+                .map(|r| -0.1 * (r + 2 * step + 1) as f32)
+                .collect();
+            for (sum, lp) in expected_ll.iter_mut().zip(&log_p) {
+                *sum += lp;
+            }
+            for record in [&mut lists, &mut in_place] {
+                let action =
+                    Tensor::<2, Int>::from_data(TensorData::new(nodes.clone(), [rows, 1]), &device);
+                record.push_log_prob(Tensor::from_data(
+                    TensorData::new(log_p.clone(), [rows, 1]),
+                    &device,
+                ));
+                record.push_action(step, action);
+            }
+        }
+        let (a, b) = (lists.finish(1), in_place.finish(1));
+        let a_actions = a
+            .actions
+            .into_data()
+            .convert::<i64>()
+            .try_to_vec::<i64>()
+            .unwrap();
+        let b_actions = b
+            .actions
+            .into_data()
+            .convert::<i64>()
+            .try_to_vec::<i64>()
+            .unwrap();
+        for r in 0..rows {
+            let padded = &b_actions[r * max_steps..(r + 1) * max_steps];
+            assert_eq!(&padded[..steps], &a_actions[r * steps..(r + 1) * steps]);
+            assert!(padded[steps..].iter().all(|&x| x == 0));
+        }
+        for ll in [a.log_likelihood, b.log_likelihood] {
+            let ll = ll.into_data().try_to_vec::<f32>().unwrap();
+            for (got, want) in ll.iter().zip(expected_ll) {
+                assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+            }
+        }
+    }
 }

@@ -7,6 +7,7 @@
 
 pub mod attention_model;
 pub mod backend;
+pub mod cubecl_config;
 #[cfg(unix)]
 pub mod cuda_driver;
 pub mod decode;

@@ -11,6 +11,11 @@ use crate::error::TrainError;
 pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Do not keep compiled GPU kernels on disk (CubeCL backends; default: kept in
+    /// `~/.cache/routeburn/kernels`, see the README, "Backends"). Also
+    /// `ROUTEBURN_KERNEL_CACHE=off`.
+    #[arg(long, global = true)]
+    no_kernel_cache: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -79,6 +84,7 @@ pub fn exit_code(e: &TrainError) -> u8 {
 }
 
 fn run(cli: Cli) -> Result<ExitCode, TrainError> {
+    routeburn_model::cubecl_config::set_kernel_cache(!cli.no_kernel_cache);
     match cli.command {
         Command::Gen(args) => commands::gen::run(args),
         Command::Check(args) => commands::check::run(args),
@@ -109,7 +115,9 @@ mod tests {
                     continue;
                 }
                 let command = line.split('#').next().unwrap_or("").trim();
-                if in_code && command.starts_with("routeburn ") {
+                // `routeburn ...`, or a built binary's path (`target/.../routeburn ...`).
+                let program = command.split_whitespace().next().unwrap_or("");
+                if in_code && (program == "routeburn" || program.ends_with("/routeburn")) {
                     let words = command.split_whitespace().map(String::from).collect();
                     lines.push((format!("{doc}: {command}"), words));
                 }

@@ -522,6 +522,20 @@ fn compare_backends_same_backend_agrees_exactly() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr)
         .contains("invalid value 'tpu' for '--backends <BACKENDS>'"));
+    // The CPU backends compile nothing: counting needs cuda or cpu (CubeCL) compiled in.
+    let out = routeburn()
+        .args(["compare-backends", "--count-compiles", "--steps", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no CubeCL backend (cuda, cpu)"));
+    // Asking for a backend this binary lacks names the feature to build with.
+    let out = routeburn()
+        .args(["compare-backends", "--backends", "cpu", "--no-kernel-cache"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--features cpu"));
 }
 
 /// `solve` (greedy) one CVRPLIB instance (`SET/NAME`) with `checkpoint`, then `check` the
@@ -964,7 +978,7 @@ fn enumerated_flags_suggest_the_value_meant() {
         assert!(stderr.contains(meant), "{args:?}: {stderr}");
     }
     for (command, values) in [
-        ("train", "[possible values: ndarray, flex, cuda]"),
+        ("train", "[possible values: ndarray, flex, cuda, cpu]"),
         ("train", "- attention: The attention model"),
         ("solve", "[possible values: cvrplib, exact]"),
         ("eval", "greedy, sample:K, multistart, aug8"),

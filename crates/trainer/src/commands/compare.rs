@@ -18,6 +18,7 @@ use burn::module::Module;
 use burn::tensor::Transaction;
 use clap::Args;
 use routeburn_data::InstanceRng;
+use routeburn_model::cubecl_config::{self, CompileCounts};
 use routeburn_model::{Backend, DecodeOptions, DeviceBatch};
 
 use crate::config::{BaselineKind, Config, ModelConfig, ModelKind};
@@ -51,6 +52,12 @@ pub struct CompareArgs {
     /// removed afterwards).
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
+    /// On CubeCL backends (cuda, cpu): count fusion explorations, autotuned shapes and
+    /// (with `CUBECL_CUDA_DUMP_PTX=DIR`) loaded kernels in the first step and in the steps
+    /// after it; exit status 1 when the later steps explore or tune anything. Fusion logging
+    /// slows the steps down: read the timings from a run without it.
+    #[arg(long)]
+    pub count_compiles: bool,
 }
 
 /// What one backend did.
@@ -60,6 +67,8 @@ struct BackendReport {
     peak_rss_bytes: Option<u64>,
     log_likelihoods: Vec<f32>,
     actions: Vec<i64>,
+    /// With `--count-compiles` on a CubeCL backend.
+    compiles: Option<StepCompiles>,
 }
 
 pub fn run(args: CompareArgs) -> Result<ExitCode, TrainError> {
@@ -97,14 +106,21 @@ pub fn run(args: CompareArgs) -> Result<ExitCode, TrainError> {
         ),
     };
     std::fs::create_dir_all(&work_dir).map_err(|e| TrainError::io(&work_dir, e))?;
+    if args.count_compiles {
+        // Before any tensor exists: Burn and CubeCL read their configuration once.
+        cubecl_config::count_compiles_in(&work_dir.join(COUNTS_DIR))
+            .map_err(|e| TrainError::Input(format!("--count-compiles: {e}")))?;
+    }
     let result = compare(&args, &backends, &config, config_dir, &work_dir);
     if remove_after {
         let _ = std::fs::remove_dir_all(&work_dir);
     }
     let reports = result?;
-    let (table, agree) = render(&reports, &config, args.tolerance);
+    let (mut table, agree) = render(&reports, &config, args.tolerance);
+    let (counts, compiled_once) = compile_table(&reports);
+    table.push_str(&counts);
     print!("{table}");
-    Ok(if agree {
+    Ok(if agree && compiled_once {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
@@ -114,6 +130,11 @@ pub fn run(args: CompareArgs) -> Result<ExitCode, TrainError> {
 /// The config as K epochs of one batch: each step's loss and cost become a metrics row.
 /// The rollout baseline's end-of-epoch t-test then runs after every step, so its set is
 /// cut to one batch; the learning rate is held constant.
+const COUNTS_DIR: &str = "compile-counts";
+
+/// Step 1's compile counts, then steps 2..K's.
+type StepCompiles = (CompileCounts, CompileCounts);
+
 fn per_step_config(mut config: Config, steps: usize) -> Config {
     let t = &mut config.training;
     t.epochs = steps;
@@ -183,7 +204,7 @@ fn compare(
         reset_peak_rss();
         let run_dir = work_dir.join(backend.name());
         let _ = std::fs::remove_dir_all(&run_dir);
-        let summary = train(TrainOptions {
+        let options = TrainOptions {
             config: config.clone(),
             run_dir,
             backend,
@@ -194,16 +215,88 @@ fn compare(
             config_dir: config_dir.clone(),
             init_weights: Some(init_path.clone()),
             validate_initial: false,
-        })?;
+        };
+        let (steps, compiles) = match args.count_compiles && backend.is_cubecl() {
+            true => train_counting(options, &work_dir.join(COUNTS_DIR))?,
+            false => (train(options)?.epochs, None),
+        };
         reports.push(BackendReport {
             backend,
-            steps: summary.epochs,
+            steps,
             peak_rss_bytes: peak_rss(),
             log_likelihoods,
             actions,
+            compiles,
         });
     }
     Ok(reports)
+}
+
+/// Trains step 1, then resumes for the other steps (the same process, so CubeCL's caches
+/// carry over), reading the compile counters after each part.
+fn train_counting(
+    mut options: TrainOptions,
+    counts_dir: &Path,
+) -> Result<(Vec<EpochMetrics>, Option<StepCompiles>), TrainError> {
+    options.config.checkpointing.every_epochs = 1;
+    let before = CompileCounts::read(counts_dir);
+    let mut steps = train(TrainOptions {
+        stop_after_epochs: Some(1),
+        ..options.clone()
+    })?
+    .epochs;
+    let after_first = CompileCounts::read(counts_dir);
+    if options.config.training.epochs > 1 {
+        steps.extend(
+            train(TrainOptions {
+                resume: true,
+                init_weights: None,
+                ..options
+            })?
+            .epochs,
+        );
+    }
+    let after_all = CompileCounts::read(counts_dir);
+    Ok((
+        steps,
+        Some((after_first.since(before), after_all.since(after_first))),
+    ))
+}
+
+/// The compile counters of each CubeCL backend, and whether every one explored and tuned
+/// nothing after its first step.
+fn compile_table(reports: &[BackendReport]) -> (String, bool) {
+    let counted: Vec<_> = reports
+        .iter()
+        .filter_map(|r| r.compiles.map(|c| (r.backend, c)))
+        .collect();
+    if counted.is_empty() {
+        return (String::new(), true);
+    }
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\ncompiles (fusion explorations / autotuned shapes / PTX kernels loaded):\n"
+    );
+    let _ = writeln!(s, "| backend | step 1 | steps 2.. | compiled once |");
+    let _ = writeln!(s, "|---|---|---|---|");
+    let mut all_once = true;
+    for (backend, (first, later)) in counted {
+        let show = |c: CompileCounts| {
+            let ptx = c.ptx_kernels.map_or("-".into(), |p| p.to_string());
+            format!("{} / {} / {ptx}", c.explorations, c.autotunes)
+        };
+        let once = later.explorations == 0 && later.autotunes == 0;
+        all_once &= once;
+        let verdict = if once { "yes" } else { "NO" };
+        let _ = writeln!(
+            s,
+            "| {backend} | {} | {} | {verdict} |",
+            show(first),
+            show(later)
+        );
+    }
+    (s, all_once)
 }
 
 /// Agreement of one backend with the reference: the largest |Δ log-likelihood| over the
@@ -367,7 +460,38 @@ mod tests {
             peak_rss_bytes: None,
             log_likelihoods: ll,
             actions,
+            compiles: None,
         }
+    }
+
+    #[test]
+    fn compile_table_fails_when_later_steps_compile() {
+        let counts = |explorations, autotunes| CompileCounts {
+            explorations,
+            autotunes,
+            ptx_kernels: None,
+        };
+        let mut once = report(Backend::Cpu, vec![], vec![]);
+        once.compiles = Some((counts(40, 3), counts(0, 0)));
+        let mut again = report(Backend::Cuda, vec![], vec![]);
+        again.compiles = Some((counts(40, 3), counts(2, 0)));
+        let flex = report(Backend::Flex, vec![], vec![]);
+        let (table, ok) = compile_table(&[flex, once]);
+        assert!(ok, "{table}");
+        assert!(
+            table.contains("| cpu | 40 / 3 / - | 0 / 0 / - | yes |"),
+            "{table}"
+        );
+        let (table, ok) = compile_table(&[again]);
+        assert!(!ok);
+        assert!(
+            table.contains("| cuda | 40 / 3 / - | 2 / 0 / - | NO |"),
+            "{table}"
+        );
+        assert_eq!(
+            compile_table(&[report(Backend::Flex, vec![], vec![])]),
+            (String::new(), true)
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ pub(crate) mod train;
 /// `--backend`: one of the backends routeburn knows (whether it is compiled in is checked
 /// when the command runs).
 pub(crate) fn backend_parser() -> PossibleValuesParser {
-    PossibleValuesParser::new(["ndarray", "flex", "cuda"])
+    PossibleValuesParser::new(["ndarray", "flex", "cuda", "cpu"])
 }
 
 /// `--metric`: how a solution is costed.

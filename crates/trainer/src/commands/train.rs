@@ -37,7 +37,8 @@ pub struct TrainArgs {
     /// `[model]` section replaces the config's; its weights are validated before epoch 1.
     #[arg(long, conflicts_with = "resume")]
     pub init_from: Option<PathBuf>,
-    /// Tensor backend: ndarray, flex or cuda (default: the best one compiled in).
+    /// Tensor backend: ndarray, flex, cuda, or cpu (CubeCL's CPU runtime, a stand-in for
+    /// CUDA's compile path) (default: the best one compiled in).
     #[arg(long, value_parser = super::backend_parser())]
     pub backend: Option<String>,
     /// Override `training.epochs`.

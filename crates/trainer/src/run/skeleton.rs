@@ -52,6 +52,7 @@ pub(crate) fn seeded<T>(device: &Device, seed: Option<u64>, f: impl FnOnce() -> 
 }
 
 /// How to run a training run.
+#[derive(Clone)]
 pub struct TrainOptions {
     pub config: Config,
     pub run_dir: PathBuf,
@@ -603,7 +604,8 @@ fn show_progress(
 
 /// The run's shard count: the config's; else, resuming, the one the run directory's
 /// config recorded (1 for a run written before shards existed, which trained with one);
-/// else, for a new run, the machine's CPU threads on a CPU backend (1 on CUDA).
+/// else, for a new run, the machine's CPU threads on flex and ndarray (1 on CubeCL's
+/// backends, whose device runs one stream).
 fn resolve_shards(opts: &TrainOptions) -> usize {
     if let Some(shards) = opts.config.training.shards {
         return shards;
@@ -614,7 +616,7 @@ fn resolve_shards(opts: &TrainOptions) -> usize {
             .and_then(|c| c.training.shards)
             .unwrap_or(1);
     }
-    if opts.backend.is_cpu() {
+    if !opts.backend.is_cubecl() {
         rayon::current_num_threads()
     } else {
         1

@@ -1,0 +1,209 @@
+//! CubeCL's configuration for the CUDA (and CubeCL CPU) backends: the persistent kernel
+//! cache, on by default, and the logs that count fusion explorations and kernel compiles.
+//!
+//! Every kernel CubeCL compiles (cubecl → LLVM → PTX) costs tens to hundreds of
+//! milliseconds, and a first training step compiles hundreds. CubeCL can keep them on disk
+//! but ships with that off (`compilation.cache`, cubecl-runtime 0.11 `config/compilation.rs`);
+//! routeburn turns it on in a per-user directory, so a second process starts warm. The
+//! cache is keyed on the binary's build id: a rebuilt binary starts a fresh one.
+//!
+//! - Directory: `$ROUTEBURN_KERNEL_CACHE_DIR`, else `$XDG_CACHE_HOME/routeburn/kernels`,
+//!   else `~/.cache/routeburn/kernels`.
+//! - Off: `--no-kernel-cache` on the command line (see [`set_kernel_cache`]) or
+//!   `ROUTEBURN_KERNEL_CACHE=off`. Any other CubeCL setting still comes from a
+//!   `cubecl.toml` (or `burn.toml`'s `[cubecl]`) in the working directory or above it.
+//!
+//! Fusion plans are not persisted by CubeCL: a new process explores each op stream once.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static KERNEL_CACHE: AtomicBool = AtomicBool::new(true);
+
+/// Turns the kernel cache on or off for this process; call before the first CubeCL device.
+pub fn set_kernel_cache(enabled: bool) {
+    KERNEL_CACHE.store(enabled, Ordering::Relaxed);
+}
+
+/// Where the kernel cache lives, or `None` when it is off.
+pub fn kernel_cache_dir() -> Option<PathBuf> {
+    let off = std::env::var("ROUTEBURN_KERNEL_CACHE")
+        .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "off" | "0" | "false"));
+    if off || !KERNEL_CACHE.load(Ordering::Relaxed) {
+        return None;
+    }
+    let from_env = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(dir) = from_env("ROUTEBURN_KERNEL_CACHE_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    let cache_root = from_env("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| from_env("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
+    Some(cache_root.join("routeburn").join("kernels"))
+}
+
+/// Sets CubeCL's configuration once per process, before its first device (the backend
+/// calls it): the configuration file CubeCL would read, with the kernel cache in
+/// [`kernel_cache_dir`]. Says on stderr when the cache is empty, since the first steps
+/// then compile for minutes.
+#[cfg(any(feature = "cuda", feature = "cpu"))]
+pub(crate) fn configure() {
+    use burn::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
+    // `false`: set before (by `count_compiles_in`) or already read; it stays as it is.
+    let _ = CubeClRuntimeConfig::try_set(cubecl_runtime_config(None));
+}
+
+#[cfg(any(feature = "cuda", feature = "cpu"))]
+fn cubecl_runtime_config(count_dir: Option<&Path>) -> burn::cubecl::config::CubeClRuntimeConfig {
+    use burn::cubecl::config::{cache::CacheConfig, CubeClRuntimeConfig, RuntimeConfig};
+    let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
+    if let Some(dir) = kernel_cache_dir() {
+        let fresh = !std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_some());
+        if fresh {
+            eprintln!(
+                "routeburn: compiling GPU kernels on first use (the first steps take minutes); \
+                 they are cached in {} for the next runs (off: --no-kernel-cache)",
+                dir.display()
+            );
+        }
+        config.compilation.cache = true;
+        config.environment.path = CacheConfig::Directory(dir);
+    }
+    if let Some(dir) = count_dir {
+        config.autotune.decisions.file = Some(dir.join(AUTOTUNE_LOG));
+    }
+    config
+}
+
+const FUSION_LOG: &str = "fusion.log";
+const AUTOTUNE_LOG: &str = "autotune.jsonl";
+
+/// Why the compile counters could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot count compiles: {0}")]
+pub struct CountError(String);
+
+/// Logs every fusion exploration and autotune decision under `dir` for [`CompileCounts`];
+/// call before any tensor is created (Burn reads its configuration once).
+///
+/// Full fusion logging writes a line per registered operation: steps run slower while it
+/// is on.
+pub fn count_compiles_in(dir: &Path) -> Result<(), CountError> {
+    #[cfg(any(feature = "cuda", feature = "cpu"))]
+    {
+        use burn::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
+        use burn::BurnConfig;
+        std::fs::create_dir_all(dir).map_err(|e| CountError(format!("{}: {e}", dir.display())))?;
+        // BurnConfig's fields are private: edit it as TOML.
+        let burn = BurnConfig::from_current_dir().override_from_env();
+        let mut value =
+            toml::Value::try_from(&burn).map_err(|e| CountError(format!("Burn's config: {e}")))?;
+        let mut logger = toml::map::Map::new();
+        logger.insert("level".into(), "full".into());
+        logger.insert("append".into(), true.into());
+        let file = dir.join(FUSION_LOG).display().to_string();
+        logger.insert("file".into(), file.into());
+        let fusion = value
+            .get_mut("fusion")
+            .and_then(toml::Value::as_table_mut)
+            .ok_or_else(|| CountError("Burn's config has no [fusion] section".into()))?;
+        fusion.insert("logger".into(), logger.into());
+        let burn: BurnConfig = value
+            .try_into()
+            .map_err(|e| CountError(format!("Burn's config: {e}")))?;
+        if !BurnConfig::try_set(burn)
+            || !CubeClRuntimeConfig::try_set(cubecl_runtime_config(Some(dir)))
+        {
+            return Err(CountError(
+                "Burn's configuration was read before the counters were set up".into(),
+            ));
+        }
+        Ok(())
+    }
+    #[cfg(not(any(feature = "cuda", feature = "cpu")))]
+    {
+        let _ = dir;
+        Err(CountError(
+            "no CubeCL backend (cuda, cpu) was compiled into this binary".into(),
+        ))
+    }
+}
+
+/// What CubeCL has done so far in this process, read from the logs of
+/// [`count_compiles_in`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CompileCounts {
+    /// Op streams that missed the fusion plan cache and were explored (each new plan is
+    /// then compiled into kernels).
+    pub explorations: usize,
+    /// Matmul and reduce shapes autotuned (each benchmarks ~15 compiled candidates).
+    pub autotunes: usize,
+    /// PTX files in `$CUBECL_CUDA_DUMP_PTX`, one per kernel CUDA loaded, when it is set.
+    pub ptx_kernels: Option<usize>,
+}
+
+impl CompileCounts {
+    pub fn read(dir: &Path) -> Self {
+        let lines_with = |file: &str, needle: &str| {
+            std::fs::read_to_string(dir.join(file))
+                .map(|text| text.lines().filter(|l| l.contains(needle)).count())
+                .unwrap_or(0)
+        };
+        let ptx_kernels = std::env::var_os("CUBECL_CUDA_DUMP_PTX").map(|ptx| {
+            std::fs::read_dir(ptx).map_or(0, |entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "ptx"))
+                    .count()
+            })
+        });
+        Self {
+            explorations: lines_with(FUSION_LOG, "exploration completed"),
+            autotunes: lines_with(AUTOTUNE_LOG, "{"),
+            ptx_kernels,
+        }
+    }
+
+    /// What happened between `earlier` and `self`.
+    pub fn since(self, earlier: Self) -> Self {
+        Self {
+            explorations: self.explorations - earlier.explorations,
+            autotunes: self.autotunes - earlier.autotunes,
+            ptx_kernels: self
+                .ptx_kernels
+                .zip(earlier.ptx_kernels)
+                .map(|(a, b)| a - b),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_is_off_when_disabled() {
+        set_kernel_cache(false);
+        assert_eq!(kernel_cache_dir(), None);
+        set_kernel_cache(true);
+    }
+
+    #[test]
+    fn counts_are_read_from_the_logs() {
+        let dir = std::env::temp_dir().join(format!("routeburn-counts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fusion = "[plan] exploration completed: lazy, 3/4 ops optimized\n\
+                      [plan] cache hit: execute plan #0\n\
+                      [plan] exploration completed: sync, 1/1 ops optimized\n";
+        std::fs::write(dir.join(FUSION_LOG), fusion).unwrap();
+        std::fs::write(dir.join(AUTOTUNE_LOG), "{\"key\":1}\n").unwrap();
+        let counts = CompileCounts::read(&dir);
+        assert_eq!((counts.explorations, counts.autotunes), (2, 1));
+        let later = CompileCounts {
+            explorations: 5,
+            ..counts
+        };
+        assert_eq!(later.since(counts).explorations, 3);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
