@@ -90,6 +90,7 @@ fn train_step_on(c: &mut Criterion, backend: Backend) {
                     config_dir: None,
                     init_weights: None,
                     validate_initial: false,
+                    after_epoch: None,
                 })
                 .expect("training run");
                 let _ = std::fs::remove_dir_all(&run_dir);

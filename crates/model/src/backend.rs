@@ -128,12 +128,12 @@ impl Backend {
             #[cfg(feature = "cuda")]
             Backend::Cuda => {
                 crate::cuda_driver::check().map_err(|e| BackendError::NoCudaDriver(e.0))?;
-                crate::cubecl_config::configure();
+                crate::cubecl_config::configure(true);
                 Ok(Device::cuda(0))
             }
             #[cfg(feature = "cpu")]
             Backend::Cpu => {
-                crate::cubecl_config::configure();
+                crate::cubecl_config::configure(false);
                 Ok(Device::cpu())
             }
             #[allow(unreachable_patterns)]

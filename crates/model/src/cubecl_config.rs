@@ -44,13 +44,35 @@ pub fn kernel_cache_dir() -> Option<PathBuf> {
 
 /// Sets CubeCL's configuration once per process, before its first device (the backend
 /// calls it): the configuration file CubeCL would read, with the kernel cache in
-/// [`kernel_cache_dir`]. Says on stderr when the cache is empty, since the first steps
-/// then compile for minutes.
+/// [`kernel_cache_dir`]. For a GPU, says on stderr when the cache is empty, since the
+/// first steps then compile for minutes (CubeCL's CPU runtime keeps no kernels on disk).
 #[cfg(any(feature = "cuda", feature = "cpu"))]
-pub(crate) fn configure() {
+pub(crate) fn configure(gpu: bool) {
     use burn::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
     // `false`: set before (by `count_compiles_in`) or already read; it stays as it is.
     let _ = CubeClRuntimeConfig::try_set(cubecl_runtime_config(None));
+    if gpu {
+        announce_an_empty_cache();
+    }
+}
+
+/// Says once per process that kernels are being compiled, when the cache is empty.
+#[cfg(any(feature = "cuda", feature = "cpu"))]
+fn announce_an_empty_cache() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    let Some(dir) = kernel_cache_dir() else {
+        return;
+    };
+    ONCE.call_once(|| {
+        let empty = !std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_some());
+        if empty {
+            eprintln!(
+                "routeburn: compiling GPU kernels on first use (the first steps take minutes); \
+                 they are cached in {} for the next runs (off: --no-kernel-cache)",
+                dir.display()
+            );
+        }
+    });
 }
 
 #[cfg(any(feature = "cuda", feature = "cpu"))]
@@ -58,14 +80,6 @@ fn cubecl_runtime_config(count_dir: Option<&Path>) -> burn::cubecl::config::Cube
     use burn::cubecl::config::{cache::CacheConfig, CubeClRuntimeConfig, RuntimeConfig};
     let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
     if let Some(dir) = kernel_cache_dir() {
-        let fresh = !std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_some());
-        if fresh {
-            eprintln!(
-                "routeburn: compiling GPU kernels on first use (the first steps take minutes); \
-                 they are cached in {} for the next runs (off: --no-kernel-cache)",
-                dir.display()
-            );
-        }
         config.compilation.cache = true;
         config.environment.path = CacheConfig::Directory(dir);
     }

@@ -52,6 +52,7 @@ pub(crate) enum Command {
 /// Parses the command line, runs the command, prints any error with its causes, and
 /// returns the exit status.
 pub fn main() -> ExitCode {
+    pin_default_device();
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
@@ -80,6 +81,23 @@ pub fn exit_code(e: &TrainError) -> u8 {
         | TrainError::Input(_)
         | TrainError::Io { .. }
         | TrainError::Partial(_) => 2,
+    }
+}
+
+/// Burn 0.22.1 builds a loaded optimizer's state on `Device::default()` and moves it to
+/// each parameter's device at the next step (`ModuleOptimizer::load_record`); in a binary
+/// with cuda compiled in, the default is CUDA, so resuming a CPU run on a machine without
+/// a GPU panicked. A CPU default is always there; routeburn names every device it uses
+/// itself. Runs first in `main`, before any thread exists; `BURN_DEVICE` set by the user
+/// is kept.
+fn pin_default_device() {
+    if std::env::var_os("BURN_DEVICE").is_none() {
+        let cpu = match () {
+            _ if cfg!(feature = "flex") => "flex",
+            _ if cfg!(feature = "ndarray") => "ndarray",
+            _ => return,
+        };
+        std::env::set_var("BURN_DEVICE", cpu);
     }
 }
 

@@ -67,6 +67,7 @@ fn options(config: Config, run_dir: &Path, resume: bool, stop: Option<usize>) ->
         config_dir: None,
         init_weights: None,
         validate_initial: false,
+        after_epoch: None,
     }
 }
 

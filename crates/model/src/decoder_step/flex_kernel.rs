@@ -172,11 +172,11 @@ fn weighted_block<M: MulAdd, const SKIP_ZEROS: bool, const B: usize>(
         for &c in coefs {
             if !(SKIP_ZEROS && c == 0.0) {
                 for (b, acc) in acc.iter_mut().enumerate() {
-                    for lane in 0..8 {
+                    for (lane, acc) in acc.iter_mut().enumerate() {
                         // SAFETY: row k starts at rows[k·stride + start] and is read up to
                         // 8·B floats on, within `rows` by the assertion above.
                         let x = unsafe { *row.add(b * 8 + lane) };
-                        acc[lane] = M::mul_add(x, c, acc[lane]);
+                        *acc = M::mul_add(x, c, *acc);
                     }
                 }
             }

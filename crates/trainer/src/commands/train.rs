@@ -94,6 +94,7 @@ pub(crate) fn run(args: TrainArgs) -> Result<ExitCode, TrainError> {
         verbose: !args.quiet,
         config_dir: plan.config_dir,
         validate_initial: init_weights.is_some(),
+        after_epoch: None,
         init_weights,
     })?;
     if !args.quiet {

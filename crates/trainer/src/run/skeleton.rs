@@ -73,7 +73,13 @@ pub struct TrainOptions {
     /// Validate the starting weights before the first epoch of a fresh run
     /// (`train --init-from`).
     pub validate_initial: bool,
+    /// Called after each epoch with its metrics (`compare-backends --count-compiles` reads
+    /// CubeCL's counters there).
+    pub after_epoch: Option<EpochHook>,
 }
+
+/// What [`TrainOptions::after_epoch`] runs.
+pub type EpochHook = std::sync::Arc<dyn Fn(&EpochMetrics) + Send + Sync>;
 
 /// What a finished run reports.
 #[derive(Debug, Clone)]
@@ -129,6 +135,9 @@ pub(crate) fn run<M: TrainingMethod>(mut opts: TrainOptions) -> Result<TrainSumm
             // The time recorded with the epoch is its checkpoint's, so a resume decides the
             // same way.
             let (metrics, stopped) = run.epoch(epoch)?;
+            if let Some(hook) = &run.opts.after_epoch {
+                hook(&metrics);
+            }
             let time_up = stopped || run.time_is_up_at(metrics.elapsed_seconds);
             history.push(metrics);
             if time_up {
