@@ -25,7 +25,7 @@ pub struct DecodeOptions {
     pub multi_start: bool,
     /// Check for "every instance finished" every this many steps (each check is one device
     /// read). Larger values save syncs at the cost of up to `check_every - 1` wasted
-    /// steps. CubeCL devices ignore it: they check at fixed steps (`FinishChecks::Buckets`).
+    /// steps. CubeCL devices ignore it: they always run 2n steps (`FinishChecks::Never`).
     pub check_every: usize,
 }
 
@@ -106,8 +106,8 @@ pub struct DecodeOutput {
 /// steps [`FinishChecks`] names; it is also bounded by [`max_decode_steps`] = 2n, which no
 /// decode can exceed. Rows that finish early stay at the depot with log-probability 0, so
 /// the batch decodes in lockstep. On CubeCL devices every step issues the same operations
-/// (see [`Record`]) and the checks fall on the same steps for every batch, so the fused
-/// plans and kernels compiled for the first batch serve all the others.
+/// (see [`Record`]) and the decode always runs 2n steps with no read, so the fused plans
+/// and kernels compiled for the first batch serve all the others.
 ///
 /// # Shapes
 /// - `next_log_probs`: state of R rows → `[R, N]`, −∞ at masked nodes
@@ -146,7 +146,7 @@ pub(crate) fn rollout(
     }
 
     let checks = match stable {
-        true => FinishChecks::Buckets { n },
+        true => FinishChecks::Never,
         false => FinishChecks::Every {
             from: problem.min_steps.max(1),
             every: options.check_every.max(1),
@@ -200,9 +200,10 @@ enum FinishChecks {
     /// Every `every` steps from the batch's host-side lower bound `from` (CPU backends:
     /// a read is cheap, an idle step is not).
     Every { from: usize, every: usize },
-    /// At steps n, n + ⌈n/4⌉, n + 2⌈n/4⌉, … below 2n, whatever the batch: at most four
-    /// reads and five decode lengths, so every batch replays cached plans.
-    Buckets { n: usize },
+    /// Never: every decode runs 2n steps, so every batch replays the plans compiled for
+    /// the first (CubeCL). Measured on the CPU runtime: checks at a few fixed steps still
+    /// let a later batch stop at a length not seen before and explore its tail.
+    Never,
 }
 
 impl FinishChecks {
@@ -211,7 +212,7 @@ impl FinishChecks {
             FinishChecks::Every { from, every } => {
                 step >= from && (step - from).is_multiple_of(every)
             }
-            FinishChecks::Buckets { n } => step >= n && (step - n).is_multiple_of(n.div_ceil(4)),
+            FinishChecks::Never => false,
         }
     }
 }
@@ -329,11 +330,10 @@ mod tests {
     use burn::tensor::{Device, TensorData};
 
     #[test]
-    fn buckets_check_at_five_fixed_steps() {
+    fn checks_fall_on_the_expected_steps() {
         // A decode runs at most 2n steps: 0..2n.
         let due = |checks: FinishChecks| (0..40).filter(|&s| checks.due(s)).collect::<Vec<_>>();
-        assert_eq!(due(FinishChecks::Buckets { n: 20 }), [20, 25, 30, 35]);
-        assert_eq!(due(FinishChecks::Buckets { n: 10 })[..4], [10, 13, 16, 19]);
+        assert!(due(FinishChecks::Never).is_empty());
         assert_eq!(
             due(FinishChecks::Every { from: 23, every: 4 }),
             [23, 27, 31, 35, 39]
