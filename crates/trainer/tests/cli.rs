@@ -524,11 +524,17 @@ fn compare_backends_same_backend_agrees_exactly() {
         .contains("invalid value 'tpu' for '--backends <BACKENDS>'"));
     // The CPU backends compile nothing: counting needs cuda or cpu (CubeCL) compiled in.
     let out = routeburn()
-        .args(["compare-backends", "--count-compiles", "--steps", "1"])
+        .args(["compare-backends", "--count-compiles", "--steps", "3"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no CubeCL backend (cuda, cpu)"));
+    let out = routeburn()
+        .args(["compare-backends", "--count-compiles", "--steps", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs --steps 3 or more"));
     // Asking for a backend this binary lacks names the feature to build with.
     let out = routeburn()
         .args(["compare-backends", "--backends", "cpu", "--no-kernel-cache"])

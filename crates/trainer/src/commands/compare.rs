@@ -77,6 +77,12 @@ pub fn run(args: CompareArgs) -> Result<ExitCode, TrainError> {
     if args.steps == 0 {
         return Err(TrainError::Input("--steps must be at least 1".into()));
     }
+    if args.count_compiles && args.steps < 3 {
+        // Steps 3.. are what the check judges; with fewer it would pass vacuously.
+        return Err(TrainError::Input(
+            "--count-compiles needs --steps 3 or more (step 2 is Adam's first with moments)".into(),
+        ));
+    }
     let backends = if args.backends.is_empty() {
         // Fastest-first order is for the default; a comparison reads better CPU-first.
         let mut b = Backend::compiled();
@@ -129,9 +135,6 @@ pub fn run(args: CompareArgs) -> Result<ExitCode, TrainError> {
     })
 }
 
-/// The config as K epochs of one batch: each step's loss and cost become a metrics row.
-/// The rollout baseline's end-of-epoch t-test then runs after every step, so its set is
-/// cut to one batch; the learning rate is held constant.
 const COUNTS_DIR: &str = "compile-counts";
 
 /// What CubeCL explored and tuned in step 1, step 2 and steps 3..K.
@@ -142,6 +145,9 @@ struct StepCompiles {
     later: CompileCounts,
 }
 
+/// The config as K epochs of one batch: each step's loss and cost become a metrics row.
+/// The rollout baseline's end-of-epoch t-test then runs after every step, so its set is
+/// cut to one batch; the learning rate is held constant.
 fn per_step_config(mut config: Config, steps: usize) -> Config {
     let t = &mut config.training;
     t.epochs = steps;
