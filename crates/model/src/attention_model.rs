@@ -18,7 +18,7 @@ use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::decode::{rollout, DecodeOptions, DecodeOutput, Policy};
-use crate::decoder_step::{fused_on, fused_step, StepKernel};
+use crate::decoder_step::{fused_on, fused_step, keys_by_feature, StepKernel};
 use crate::encoder::{per_node, GraphEncoder, GraphEncoderConfig};
 use crate::problem::DeviceBatch;
 use crate::state::{CvrpState, LoadArithmetic};
@@ -100,6 +100,8 @@ pub struct Precomputed {
     /// `[B, N, d]` logit keys, divided by √d and taken back through `project_out`: the
     /// logits are the heads' concatenated outputs against these.
     logit_keys: Tensor<3>,
+    /// `[B, 3d, Np]` the three above by feature, for the fused step (where it runs).
+    by_feature: Option<Tensor<3>>,
     /// Rollouts per instance: S = n for a multi-start decode, else 1.
     starts: usize,
     /// `[B × S]` the first flattened node row of each rollout's instance (i · N): a step
@@ -155,11 +157,14 @@ impl AttentionModel {
             .slice_dim(2, 0..d)
             .reshape([b, n, heads, dk])
             / (dk as f64).sqrt(); // [B, N, H, dk]
+                                  // `* 1.0` (exact) makes the slice of `projected` a contiguous tensor once here:
+                                  // as a strided view, the fused step copied it whole at every decode step.
         let glimpse_values = projected
             .clone()
             .slice_dim(2, d..2 * d)
-            .reshape([b, n, heads, dk]); // [B, N, H, dk]
-                                         // Linear layers here have no bias (Kool's too), so both folds are exact algebra.
+            .reshape([b, n, heads, dk])
+            * 1.0; // [B, N, H, dk]
+                   // Linear layers here have no bias (Kool's too), so both folds are exact algebra.
         let step_weight = self.project_step_context.weight.val(); // [d + 1, d]
         let last_node_context = node_embeddings
             .reshape([b * n, d])
@@ -171,6 +176,9 @@ impl AttentionModel {
             .reshape([b * n, d])
             .matmul(out_weight_t)
             .reshape([b, n, d]); // [B, N, d]
+        let fused = self.step_kernel == StepKernel::Fused && fused_on(&device);
+        let by_feature =
+            fused.then(|| keys_by_feature(&glimpse_keys, &glimpse_values, &logit_keys));
         Precomputed {
             fixed_context,
             last_node_context,
@@ -178,6 +186,7 @@ impl AttentionModel {
             glimpse_keys,
             glimpse_values,
             logit_keys,
+            by_feature,
             starts,
             row_offsets: Tensor::<1, Int>::arange(0..(b * starts) as i64, &device)
                 .div_scalar(starts as i64)
@@ -216,12 +225,13 @@ impl AttentionModel {
         let remaining = state.remaining_capacity_fraction().reshape([b, s, 1]); // [B, S, 1]
         let step_context = last_context + remaining * pre.capacity_context.clone(); // [B, S, d]
         let query = pre.fixed_context.clone() + step_context; // [B, S, d]
-        if self.step_kernel == StepKernel::Fused && fused_on(&query.device()) {
+        if let Some(by_feature) = &pre.by_feature {
             return fused_step(
                 query,
                 pre.glimpse_keys.clone(),
                 pre.glimpse_values.clone(),
                 pre.logit_keys.clone(),
+                by_feature.clone(),
                 mask,
                 self.tanh_clipping,
                 temperature,
@@ -512,6 +522,7 @@ mod tests {
                 keys.clone(),
                 values.clone(),
                 logit_keys.clone(),
+                keys_by_feature(&keys, &values, &logit_keys),
                 mask.clone(),
                 model.tanh_clipping,
                 case.temperature,
@@ -524,6 +535,7 @@ mod tests {
                 glimpse_keys: keys.clone(),
                 glimpse_values: values.clone(),
                 logit_keys: logit_keys.clone(),
+                by_feature: None,
                 starts: s,
                 row_offsets: Tensor::zeros([b * s], &device),
             };

@@ -6,8 +6,14 @@
 //! without atomics and every sum is taken in the same order on any number of threads.
 //!
 //! Layouts (row-major, contiguous): query `[B, S, d]`; glimpse keys and values
-//! `[B, N, H, dk]` (node n's d values, head-major); logit keys `[B, N, d]`; mask `[R, N]`
-//! (non-zero = masked); R = B × S.
+//! `[B, N, H, dk]` (node n's d values, head-major); logit keys `[B, N, d]`; the same three
+//! by feature, `[B, 3d, Np]` (glimpse keys, logit keys, values; Np = N rounded up to a
+//! multiple of 8, zero beyond N); mask `[R, N]` (non-zero = masked); R = B × S.
+//!
+//! A product of one row against every node reads the by-feature layout: `d` vector
+//! updates of `Np` lanes, with no horizontal sums. The model makes it once per decode;
+//! transposed here at every step it cost as much as a row's own arithmetic with one row
+//! per instance (greedy decoding), and doubled the step's memory traffic.
 
 use rayon::prelude::*;
 
@@ -53,6 +59,8 @@ pub(crate) struct Inputs<'a> {
     pub(crate) glimpse_keys: &'a [f32],
     pub(crate) glimpse_values: &'a [f32],
     pub(crate) logit_keys: &'a [f32],
+    /// `[B, 3d, Np]`
+    pub(crate) by_feature: &'a [f32],
     pub(crate) mask: &'a [u8],
 }
 
@@ -322,21 +330,14 @@ fn masked_softmax<M: MulAdd>(values: &mut [f32], keep: &[f32]) {
 }
 
 /// Node counts padded to whole 8-lane vectors.
-fn padded(nodes: usize) -> usize {
+pub(crate) fn padded(nodes: usize) -> usize {
     nodes.div_ceil(8) * 8
 }
 
-/// One instance's `[N, C]` block (node-major) as `[C, Np]` (feature-major, zero-padded
-/// to `Np` nodes): a product of one row against every node is then `C` vector updates of
-/// `Np` lanes, with no horizontal sums.
-fn transpose_padded(block: &[f32], nodes: usize, features: usize, out: &mut [f32]) {
-    let np = padded(nodes);
-    out.fill(0.0);
-    for (node, row) in block.chunks_exact(features).take(nodes).enumerate() {
-        for (f, &v) in row.iter().enumerate() {
-            out[f * np + node] = v;
-        }
-    }
+/// One instance's by-feature block: `[3d, Np]`, glimpse keys, logit keys, values.
+fn by_feature_block<'a>(x: &Inputs<'a>, dims: Dims, instance: usize) -> &'a [f32] {
+    let len = 3 * dims.embed() * padded(dims.nodes);
+    &x.by_feature[instance * len..(instance + 1) * len]
 }
 
 /// Log-probabilities `[R, N]` (−∞ at masked nodes) and what the backward pass needs.
@@ -359,13 +360,10 @@ pub(crate) fn forward(dims: Dims, scale: Scale, x: &Inputs) -> (Vec<f32>, Saved)
         .for_each(|(i, (((lp, att), glimpse), tanh))| {
             let block = i * n * d..(i + 1) * n * d;
             let np = padded(n);
-            // [H·dk, Np] keys and [d, Np] logit keys, then two [Np] rows: a row's lanes
-            // and which of its nodes may be chosen.
-            let mut scratch = vec![0.0f32; 2 * d * np + 2 * np];
-            let (keys_t, rest) = scratch.split_at_mut(d * np);
-            let (logit_keys_t, lanes) = rest.split_at_mut(d * np);
-            transpose_padded(&x.glimpse_keys[block.clone()], n, d, keys_t);
-            transpose_padded(&x.logit_keys[block.clone()], n, d, logit_keys_t);
+            let (keys_t, rest) = by_feature_block(x, dims, i).split_at(d * np);
+            let logit_keys_t = &rest[..d * np];
+            // Two [Np] rows: a row's lanes and which of its nodes may be chosen.
+            let mut lanes = vec![0.0f32; 2 * np];
             let instance = InstanceIn {
                 keys_t,
                 values: &x.glimpse_values[block],
@@ -381,7 +379,8 @@ pub(crate) fn forward(dims: Dims, scale: Scale, x: &Inputs) -> (Vec<f32>, Saved)
                 };
                 let query = &x.query[r * d..(r + 1) * d];
                 let mask = &x.mask[r * n..(r + 1) * n];
-                forward_row_dispatch(dims, scale, (query, mask, &instance), row_out, lanes);
+                let row_in = (query, mask, &instance);
+                forward_row_dispatch(dims, scale, row_in, row_out, &mut lanes);
             }
         });
     (log_probs, saved)
@@ -516,13 +515,8 @@ pub(crate) fn backward(
         .for_each(|(i, (((dq, dk), dv), dl))| {
             let block = i * n * d..(i + 1) * n * d;
             let mut scratch = BackScratch::new(dims);
-            transpose_padded(
-                &x.glimpse_values[block.clone()],
-                n,
-                d,
-                &mut scratch.values_t,
-            );
             let instance = InstanceBack {
+                values_t: &by_feature_block(x, dims, i)[2 * d * padded(n)..],
                 keys: &x.glimpse_keys[block.clone()],
                 logit_keys: &x.logit_keys[block],
                 query: &x.query[i * s * d..(i + 1) * s * d],
@@ -553,6 +547,8 @@ pub(crate) fn backward(
 
 /// What a backward row reads of its instance.
 struct InstanceBack<'a> {
+    /// `[H·dk, Np]` values, node-minor.
+    values_t: &'a [f32],
     /// `[N, H, dk]`
     keys: &'a [f32],
     /// `[N, d]`
@@ -565,8 +561,6 @@ struct InstanceBack<'a> {
 
 /// An instance's working memory in the backward pass.
 struct BackScratch {
-    /// `[H·dk, Np]` values, node-minor.
-    values_t: Vec<f32>,
     /// `[Np]` one row's attention gradient for one head.
     lanes: Vec<f32>,
     /// `[S, d]` each row's glimpse gradient.
@@ -586,7 +580,6 @@ impl BackScratch {
         let (n, d, s, h) = (dims.nodes, dims.embed(), dims.starts, dims.heads);
         let np = padded(n);
         Self {
-            values_t: vec![0.0; d * np],
             lanes: vec![0.0; np],
             d_glimpse: vec![0.0; s * d],
             d_logits_t: vec![0.0; n * s],
@@ -650,7 +643,6 @@ fn backward_row<M: MulAdd>(
     let (n, dk, d, s) = (dims.nodes, dims.head_dim, dims.embed(), dims.starts);
     let np = padded(n);
     let BackScratch {
-        values_t,
         lanes,
         d_glimpse,
         d_logits_t,
@@ -682,7 +674,7 @@ fn backward_row<M: MulAdd>(
         let a = &x.attention[head * n..(head + 1) * n];
         let dg = &dg_row[heads.clone()];
         // d_attention[node] = dg · v[node], for every node at once.
-        weighted_sum::<M, false>(dg, &values_t[head * dk * np..], np, np, lanes);
+        weighted_sum::<M, false>(dg, &instance.values_t[head * dk * np..], np, np, lanes);
         let weighted: f32 = a.iter().zip(lanes.iter()).map(|(a, da)| a * da).sum();
         for node in 0..n {
             d_compat[node] = a[node] * (lanes[node] - weighted);
@@ -817,11 +809,24 @@ mod tests {
         let values: Vec<f32> = (0..dims.instances * n * d).map(|_| next()).collect();
         let logit_keys: Vec<f32> = (0..dims.instances * n * d).map(|_| next() * 0.1).collect();
         let mask: Vec<u8> = (0..rows * n).map(|i| u8::from(i % 3 == 1)).collect();
+        // [B, 3d, Np]: each instance's three [N, d] blocks, by feature.
+        let np = padded(n);
+        let mut by_feature = vec![0.0f32; dims.instances * 3 * d * np];
+        for (i, out) in by_feature.chunks_exact_mut(3 * d * np).enumerate() {
+            for (part, source) in [&keys, &logit_keys, &values].into_iter().enumerate() {
+                for node in 0..n {
+                    for f in 0..d {
+                        out[(part * d + f) * np + node] = source[(i * n + node) * d + f];
+                    }
+                }
+            }
+        }
         let inputs = Inputs {
             query: &query,
             glimpse_keys: &keys,
             glimpse_values: &values,
             logit_keys: &logit_keys,
+            by_feature: &by_feature,
             mask: &mask,
         };
         let scale = Scale::new(10.0, 1.0);
@@ -829,16 +834,5 @@ mod tests {
         let grad_out: Vec<f32> = (0..rows * n).map(|_| next()).collect();
         let grads = backward(dims, scale, &inputs, &log_probs, &saved, &grad_out);
         assert!(grads.glimpse_keys.iter().all(|g| g.is_finite()));
-    }
-
-    #[test]
-    fn transposed_blocks_are_padded_with_zeros() {
-        // 3 nodes × 2 features → 2 × 8 lanes.
-        let mut out = vec![f32::NAN; 16];
-        transpose_padded(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 3, 2, &mut out);
-        let mut expected = vec![0.0; 16];
-        expected[..3].copy_from_slice(&[1.0, 3.0, 5.0]);
-        expected[8..11].copy_from_slice(&[2.0, 4.0, 6.0]);
-        assert_eq!(out, expected);
     }
 }

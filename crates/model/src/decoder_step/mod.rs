@@ -49,18 +49,52 @@ pub fn fused_on(device: &Device) -> bool {
     }
 }
 
+/// The glimpse keys, logit keys and glimpse values by feature, the layout the fused
+/// step's products read: made once per decode, not at every step. Detached: the step
+/// gives its gradients to the node-major inputs it is passed beside.
+///
+/// # Shapes
+/// - `glimpse_keys`, `glimpse_values`: `[B, N, H, dk]`, `logit_keys`: `[B, N, d]`
+/// - output: `[B, 3d, Np]` (glimpse keys, logit keys, values), Np = N rounded up to a
+///   multiple of 8, zero beyond N
+pub(crate) fn keys_by_feature(
+    glimpse_keys: &Tensor<4>,
+    glimpse_values: &Tensor<4>,
+    logit_keys: &Tensor<3>,
+) -> Tensor<3> {
+    let [b, n, heads, dk] = glimpse_keys.dims();
+    let d = heads * dk;
+    let node_major = Tensor::cat(
+        vec![
+            glimpse_keys.clone().reshape([b, n, d]),
+            logit_keys.clone(),
+            glimpse_values.clone().reshape([b, n, d]),
+        ],
+        2,
+    )
+    .detach(); // [B, N, 3d]
+    let by_feature = node_major.swap_dims(1, 2); // [B, 3d, N]
+    let padding = n.div_ceil(8) * 8 - n;
+    let zeros = Tensor::zeros([b, 3 * d, padding], &glimpse_keys.device());
+    // `cat` writes a new contiguous tensor, even with nothing to append.
+    Tensor::cat(vec![by_feature, zeros], 2) // [B, 3d, Np]
+}
+
 /// The fused step; call it only where [`fused_on`] holds.
 ///
 /// # Shapes
 /// - `query`: `[B, S, d]`, `glimpse_keys` (already divided by √dk) and `glimpse_values`:
-///   `[B, N, H, dk]`, `logit_keys`: `[B, N, d]`, `mask`: `[B × S, N]` (true = masked)
+///   `[B, N, H, dk]`, `logit_keys`: `[B, N, d]`, `by_feature`: [`keys_by_feature`] of
+///   those three, `mask`: `[B × S, N]` (true = masked)
 /// - output: `[B × S, N]` log-probabilities, −∞ at masked nodes
 #[cfg(feature = "flex")]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn fused_step(
     query: Tensor<3>,
     glimpse_keys: Tensor<4>,
     glimpse_values: Tensor<4>,
     logit_keys: Tensor<3>,
+    by_feature: Tensor<3>,
     mask: Tensor<2, Bool>,
     tanh_clipping: f64,
     temperature: f64,
@@ -71,6 +105,7 @@ pub(crate) fn fused_step(
         glimpse_keys.into_dispatch(),
         glimpse_values.into_dispatch(),
         logit_keys.into_dispatch(),
+        by_feature.into_dispatch(),
         mask.into_dispatch(),
         tanh_clipping as f32,
         temperature as f32,
@@ -79,11 +114,13 @@ pub(crate) fn fused_step(
 }
 
 #[cfg(not(feature = "flex"))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn fused_step(
     _query: Tensor<3>,
     _glimpse_keys: Tensor<4>,
     _glimpse_values: Tensor<4>,
     _logit_keys: Tensor<3>,
+    _by_feature: Tensor<3>,
     _mask: Tensor<2, Bool>,
     _tanh_clipping: f64,
     _temperature: f64,
@@ -111,11 +148,13 @@ mod flex_impl {
     #[backend_extension(Autodiff, Flex)]
     pub trait DecoderStepBackend: burn::backend::Backend {
         /// See [`super::fused_step`].
+        #[allow(clippy::too_many_arguments)]
         fn decoder_step(
             query: FloatTensor<Self>,
             glimpse_keys: FloatTensor<Self>,
             glimpse_values: FloatTensor<Self>,
             logit_keys: FloatTensor<Self>,
+            by_feature: FloatTensor<Self>,
             mask: BoolTensor<Self>,
             tanh_clipping: f32,
             temperature: f32,
@@ -129,6 +168,7 @@ mod flex_impl {
         glimpse_keys: FlexTensor,
         glimpse_values: FlexTensor,
         logit_keys: FlexTensor,
+        by_feature: FlexTensor,
         mask: FlexTensor,
         dims: Dims,
         scale: Scale,
@@ -137,7 +177,7 @@ mod flex_impl {
     impl StepTensors {
         fn new(
             [query, glimpse_keys, glimpse_values, logit_keys]: [FlexTensor; 4],
-            mask: FlexTensor,
+            [by_feature, mask]: [FlexTensor; 2],
             scale: Scale,
         ) -> Self {
             let [b, s, _] = dims3(&query);
@@ -149,6 +189,7 @@ mod flex_impl {
                 glimpse_keys: contiguous(glimpse_keys),
                 glimpse_values: contiguous(glimpse_values),
                 logit_keys: contiguous(logit_keys),
+                by_feature: contiguous(by_feature),
                 mask: contiguous(mask),
                 dims: Dims {
                     instances: b,
@@ -168,6 +209,7 @@ mod flex_impl {
                 glimpse_keys: floats(&self.glimpse_keys),
                 glimpse_values: floats(&self.glimpse_values),
                 logit_keys: floats(&self.logit_keys),
+                by_feature: floats(&self.by_feature),
                 mask: &self.mask.storage::<u8>()[mask_bytes.0..mask_bytes.1],
             }
         }
@@ -204,13 +246,16 @@ mod flex_impl {
             glimpse_keys: FloatTensor<Self>,
             glimpse_values: FloatTensor<Self>,
             logit_keys: FloatTensor<Self>,
+            by_feature: FloatTensor<Self>,
             mask: BoolTensor<Self>,
             tanh_clipping: f32,
             temperature: f32,
         ) -> FloatTensor<Self> {
             let scale = Scale::new(tanh_clipping, temperature);
             let inputs = [query, glimpse_keys, glimpse_values, logit_keys];
-            StepTensors::new(inputs, mask, scale).forward().0
+            StepTensors::new(inputs, [by_feature, mask], scale)
+                .forward()
+                .0
         }
     }
 
@@ -259,11 +304,14 @@ mod flex_impl {
             glimpse_keys: FloatTensor<Self>,
             glimpse_values: FloatTensor<Self>,
             logit_keys: FloatTensor<Self>,
+            by_feature: FloatTensor<Self>,
             mask: BoolTensor<Self>,
             tanh_clipping: f32,
             temperature: f32,
         ) -> FloatTensor<Self> {
             let scale = Scale::new(tanh_clipping, temperature);
+            // `by_feature` is detached (a copy of three of the inputs): no gradient of
+            // its own.
             let nodes = [
                 query.node(),
                 glimpse_keys.node(),
@@ -276,7 +324,7 @@ mod flex_impl {
                 glimpse_values.into_primitive(),
                 logit_keys.into_primitive(),
             ];
-            let step = StepTensors::new(inputs, mask, scale);
+            let step = StepTensors::new(inputs, [by_feature.into_primitive(), mask], scale);
             match DecoderStepBackward
                 .prepare::<C>(nodes)
                 .compute_bound()
