@@ -157,14 +157,16 @@ impl AttentionModel {
             .slice_dim(2, 0..d)
             .reshape([b, n, heads, dk])
             / (dk as f64).sqrt(); // [B, N, H, dk]
-                                  // `* 1.0` (exact) makes the slice of `projected` a contiguous tensor once here:
-                                  // as a strided view, the fused step copied it whole at every decode step.
+
+        // `* 1.0` (exact) makes the slice of `projected` a contiguous tensor once here: as
+        // a strided view, the fused step copied it whole at every decode step.
         let glimpse_values = projected
             .clone()
             .slice_dim(2, d..2 * d)
             .reshape([b, n, heads, dk])
             * 1.0; // [B, N, H, dk]
-                   // Linear layers here have no bias (Kool's too), so both folds are exact algebra.
+
+        // Linear layers here have no bias (Kool's too), so both folds are exact algebra.
         let step_weight = self.project_step_context.weight.val(); // [d + 1, d]
         let last_node_context = node_embeddings
             .reshape([b * n, d])
