@@ -339,3 +339,39 @@ mod flex_impl {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::TensorData;
+
+    use super::*;
+    use crate::backend::Backend;
+
+    /// One instance, 3 nodes, 2 heads of 1 feature (d = 2): each part's features by node,
+    /// padded with zeros to 8 nodes, written out by hand.
+    #[test]
+    fn keys_by_feature_is_each_part_by_feature_zero_padded() {
+        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let node_major = |values: [f32; 6]| TensorData::new(values.to_vec(), [1, 3, 2]);
+        let keys = Tensor::<3>::from_data(node_major([1., 2., 3., 4., 5., 6.]), &device);
+        let logit_keys = Tensor::<3>::from_data(node_major([7., 8., 9., 10., 11., 12.]), &device);
+        let values = Tensor::<3>::from_data(node_major([-1., -2., -3., -4., -5., -6.]), &device);
+        let by_feature = keys_by_feature(
+            &keys.reshape([1, 3, 2, 1]),
+            &values.reshape([1, 3, 2, 1]),
+            &logit_keys,
+        );
+        assert_eq!(by_feature.dims(), [1, 6, 8]);
+        let pad = |a: f32, b: f32, c: f32| [a, b, c, 0., 0., 0., 0., 0.];
+        let expected: Vec<f32> = [
+            pad(1., 3., 5.),
+            pad(2., 4., 6.),
+            pad(7., 9., 11.),
+            pad(8., 10., 12.),
+            pad(-1., -3., -5.),
+            pad(-2., -4., -6.),
+        ]
+        .concat();
+        assert_eq!(by_feature.into_data().to_vec::<f32>().unwrap(), expected);
+    }
+}
