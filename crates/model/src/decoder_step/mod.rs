@@ -372,6 +372,6 @@ mod tests {
             pad(-2., -4., -6.),
         ]
         .concat();
-        assert_eq!(by_feature.into_data().to_vec::<f32>().unwrap(), expected);
+        assert_eq!(by_feature.into_data().try_to_vec::<f32>().unwrap(), expected);
     }
 }
