@@ -330,7 +330,7 @@ fn masked_softmax<M: MulAdd>(values: &mut [f32], keep: &[f32]) {
 }
 
 /// Node counts padded to whole 8-lane vectors.
-pub(crate) fn padded(nodes: usize) -> usize {
+fn padded(nodes: usize) -> usize {
     nodes.div_ceil(8) * 8
 }
 

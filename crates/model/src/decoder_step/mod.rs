@@ -372,6 +372,33 @@ mod tests {
             pad(-2., -4., -6.),
         ]
         .concat();
-        assert_eq!(by_feature.into_data().try_to_vec::<f32>().unwrap(), expected);
+        assert_eq!(
+            by_feature.into_data().try_to_vec::<f32>().unwrap(),
+            expected
+        );
+    }
+
+    /// A whole number of 8-node vectors: nothing to pad (a zero-width `cat`).
+    #[test]
+    fn keys_by_feature_without_padding() {
+        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let part = |offset: f32| {
+            let values: Vec<f32> = (0..8).map(|i| offset + i as f32).collect();
+            Tensor::<3>::from_data(TensorData::new(values, [1, 8, 1]), &device)
+        };
+        let by_feature = keys_by_feature(
+            &part(0.0).reshape([1, 8, 1, 1]),
+            &part(20.0).reshape([1, 8, 1, 1]),
+            &part(10.0),
+        );
+        assert_eq!(by_feature.dims(), [1, 3, 8]);
+        let expected: Vec<f32> = [0.0f32, 10.0, 20.0]
+            .iter()
+            .flat_map(|&offset| (0..8).map(move |i| offset + i as f32))
+            .collect();
+        assert_eq!(
+            by_feature.into_data().try_to_vec::<f32>().unwrap(),
+            expected
+        );
     }
 }
