@@ -509,39 +509,38 @@ fn compare_backends_same_backend_agrees_exactly() {
         assert_eq!(cells[2], cells[3], "{line}");
     }
 
-    let out = routeburn()
-        .args(["compare-backends", "--steps", "0"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--steps must be at least 1"));
-    let out = routeburn()
-        .args(["compare-backends", "--backends", "tpu"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr)
-        .contains("invalid value 'tpu' for '--backends <BACKENDS>'"));
-    // The CPU backends compile nothing: counting needs cuda or cpu (CubeCL) compiled in.
-    let out = routeburn()
-        .args(["compare-backends", "--count-compiles", "--steps", "3"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no CubeCL backend (cuda, cpu)"));
-    let out = routeburn()
-        .args(["compare-backends", "--count-compiles", "--steps", "2"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("needs --steps 3 or more"));
-    // Asking for a backend this binary lacks names the feature to build with.
-    let out = routeburn()
-        .args(["compare-backends", "--backends", "cpu", "--no-kernel-cache"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--features cpu"));
+    // Refused with exit status 2 and a message saying why.
+    let refusals: [(&[&str], &str); 5] = [
+        (&["--steps", "0"], "--steps must be at least 1"),
+        (
+            &["--backends", "tpu"],
+            "invalid value 'tpu' for '--backends <BACKENDS>'",
+        ),
+        // The CPU backends compile nothing: counting needs cuda or cpu (CubeCL) compiled in.
+        (
+            &["--count-compiles", "--steps", "3"],
+            "no CubeCL backend (cuda, cpu)",
+        ),
+        (
+            &["--count-compiles", "--steps", "2"],
+            "needs --steps 3 or more",
+        ),
+        // Asking for a backend this binary lacks names the feature to build with.
+        (
+            &["--backends", "cpu", "--no-kernel-cache"],
+            "--features cpu",
+        ),
+    ];
+    for (args, message) in refusals {
+        let out = routeburn()
+            .arg("compare-backends")
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+    }
 }
 
 /// `solve` (greedy) one CVRPLIB instance (`SET/NAME`) with `checkpoint`, then `check` the
