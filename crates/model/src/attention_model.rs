@@ -620,12 +620,13 @@ mod tests {
     }
 
     /// The shipped models' head size (16) and more nodes than one 8-lane vector: the
-    /// kernel's vector paths, where the cases above take its lane-by-lane ones.
+    /// kernel's vector paths, where the cases above take its lane-by-lane ones. Seven
+    /// rollouts an instance go through its blocks of 4, 2 and 1 rows.
     #[test]
     fn fused_step_matches_op_by_op_at_vector_sizes() {
         assert_fused_matches_op_by_op(StepCase {
             b: 2,
-            s: 4,
+            s: 7,
             n: 21,
             heads: 8,
             head_dim: 16,

@@ -128,62 +128,123 @@ impl MulAdd for Plain {
     }
 }
 
-/// `out[..width] = Σ_k coefs[k] · rows[k·stride ..][..width]`, with `SKIP_ZEROS` skipping
-/// zero coefficients (the backward's, mostly zero at masked nodes; a dense product pays
-/// a branch per coefficient for nothing). The sums stay in registers, four 8-lane vectors
-/// at a time, so consecutive multiply-adds wait on no store; lanes past a multiple of 8
-/// are summed one by one.
+/// `out[..width] = Σ_k coefs[k] · rows[k·stride ..][..width]`, dense: the backward's
+/// coefficients are zero at masked nodes, but a branch per coefficient on the mask's
+/// pattern cost more than the multiply-adds it saved (and adding `x · 0` leaves a sum
+/// exactly as it was). One row of [`weighted_sums`].
 #[inline(always)]
-fn weighted_sum<M: MulAdd, const SKIP_ZEROS: bool>(
+fn weighted_sum<M: MulAdd>(
     coefs: &[f32],
     rows: &[f32],
     stride: usize,
     width: usize,
     out: &mut [f32],
 ) {
-    let vectors = width / 8;
-    let mut start = 0;
-    for _ in 0..vectors / 4 {
-        weighted_block::<M, SKIP_ZEROS, 4>(coefs, rows, stride, start, out);
-        start += 32;
+    let one_row = RowsAt {
+        coef_stride: 0,
+        count: coefs.len(),
+        out_stride: 0,
+    };
+    weighted_sums::<M, 1>(coefs, rows, (stride, width), one_row, out);
+}
+
+/// Rows of one instance that the forward pass takes together. They read the same keys,
+/// so each key vector loaded serves all of them, and their sums are independent chains:
+/// a row alone keeps only two or three vectors of sums in flight, and each multiply-add
+/// waits on the one before it.
+const ROW_BLOCK: usize = 4;
+
+/// How many of the `left` rows (or nodes) to take next: [`ROW_BLOCK`], 2 or 1.
+fn rows_in_block(left: usize) -> usize {
+    match left {
+        left if left >= ROW_BLOCK => ROW_BLOCK,
+        left if left >= 2 => 2,
+        _ => 1,
     }
-    match vectors % 4 {
-        3 => weighted_block::<M, SKIP_ZEROS, 3>(coefs, rows, stride, start, out),
-        2 => weighted_block::<M, SKIP_ZEROS, 2>(coefs, rows, stride, start, out),
-        1 => weighted_block::<M, SKIP_ZEROS, 1>(coefs, rows, stride, start, out),
+}
+
+/// Where a weighted sum over several rows reads its coefficients and writes its outputs:
+/// row r's coefficients are `coefs[r·coef_stride ..][..count]`, its output
+/// `out[r·out_stride ..][..width]`.
+#[derive(Clone, Copy)]
+struct RowsAt {
+    coef_stride: usize,
+    count: usize,
+    out_stride: usize,
+}
+
+/// `R` rows' weighted sums over the same `rows`: row r's `out[..width] = Σ_k coefs[k] ·
+/// rows[k·stride ..][..width]`. Each output is summed in k order whatever `R` is, so
+/// blocking rows changes no result. The sums stay in registers, three 8-lane vectors of
+/// `R` rows at a time (4 × 3 sums, 3 keys and a coefficient fill AVX2's 16 registers),
+/// four for a single row; lanes past a multiple of 8 are summed one by one.
+#[inline(always)]
+fn weighted_sums<M: MulAdd, const R: usize>(
+    coefs: &[f32],
+    rows: &[f32],
+    (stride, width): (usize, usize),
+    at: RowsAt,
+    out: &mut [f32],
+) {
+    let vectors = width / 8;
+    // A row alone takes four vectors at a time, as [`weighted_sum`] does.
+    let per_block = if R == 1 { 4 } else { 3 };
+    let mut start = 0;
+    for _ in 0..vectors / per_block {
+        match per_block {
+            4 => weighted_rows_block::<M, R, 4>(coefs, rows, stride, start, at, out),
+            _ => weighted_rows_block::<M, R, 3>(coefs, rows, stride, start, at, out),
+        }
+        start += 8 * per_block;
+    }
+    match vectors % per_block {
+        3 => weighted_rows_block::<M, R, 3>(coefs, rows, stride, start, at, out),
+        2 => weighted_rows_block::<M, R, 2>(coefs, rows, stride, start, at, out),
+        1 => weighted_rows_block::<M, R, 1>(coefs, rows, stride, start, at, out),
         _ => {}
     }
-    for lane in vectors * 8..width {
-        out[lane] = coefs.iter().enumerate().fold(0.0, |acc, (k, &c)| {
-            M::mul_add(rows[k * stride + lane], c, acc)
-        });
+    for r in 0..R {
+        let row_coefs = &coefs[r * at.coef_stride..][..at.count];
+        for lane in vectors * 8..width {
+            out[r * at.out_stride + lane] =
+                row_coefs.iter().enumerate().fold(0.0, |acc, (k, &c)| {
+                    M::mul_add(rows[k * stride + lane], c, acc)
+                });
+        }
     }
 }
 
 #[inline(always)]
-fn weighted_block<M: MulAdd, const SKIP_ZEROS: bool, const B: usize>(
+fn weighted_rows_block<M: MulAdd, const R: usize, const B: usize>(
     coefs: &[f32],
     rows: &[f32],
     stride: usize,
     start: usize,
+    at: RowsAt,
     out: &mut [f32],
 ) {
-    let mut acc = [[0.0f32; 8]; B];
-    if let Some(last) = coefs.len().checked_sub(1) {
-        // One bounds check for every row the loop reads (checked index arithmetic per
-        // coefficient was a third of the kernel's instructions).
+    let mut acc = [[[0.0f32; 8]; B]; R];
+    if let Some(last) = at.count.checked_sub(1) {
+        // One bounds check each for every key row and coefficient the loop reads.
         assert!(
             last * stride + start + 8 * B <= rows.len(),
             "rows too short"
         );
+        assert!(
+            (R - 1) * at.coef_stride + at.count <= coefs.len(),
+            "coefficients too short"
+        );
         let mut row = rows[start..].as_ptr();
-        for &c in coefs {
-            if !(SKIP_ZEROS && c == 0.0) {
-                for (b, acc) in acc.iter_mut().enumerate() {
-                    for (lane, acc) in acc.iter_mut().enumerate() {
-                        // SAFETY: row k starts at rows[k·stride + start] and is read up to
-                        // 8·B floats on, within `rows` by the assertion above.
-                        let x = unsafe { *row.add(b * 8 + lane) };
+        for k in 0..at.count {
+            // SAFETY: k < count, and row r's coefficients end within `coefs` (asserted).
+            let c: [f32; R] =
+                std::array::from_fn(|r| unsafe { *coefs.get_unchecked(r * at.coef_stride + k) });
+            for b in 0..B {
+                // SAFETY: row k starts at rows[k·stride + start] and is read up to 8·B
+                // floats on, within `rows` by the assertion above.
+                let x: [f32; 8] = std::array::from_fn(|lane| unsafe { *row.add(b * 8 + lane) });
+                for (acc, &c) in acc.iter_mut().zip(&c) {
+                    for (acc, &x) in acc[b].iter_mut().zip(&x) {
                         *acc = M::mul_add(x, c, *acc);
                     }
                 }
@@ -191,8 +252,11 @@ fn weighted_block<M: MulAdd, const SKIP_ZEROS: bool, const B: usize>(
             row = row.wrapping_add(stride);
         }
     }
-    for (b, acc) in acc.iter().enumerate() {
-        out[start + b * 8..start + b * 8 + 8].copy_from_slice(acc);
+    for (r, acc) in acc.iter().enumerate() {
+        for (b, acc) in acc.iter().enumerate() {
+            let at = r * at.out_stride + start + b * 8;
+            out[at..at + 8].copy_from_slice(acc);
+        }
     }
 }
 
@@ -361,26 +425,27 @@ pub(crate) fn forward(dims: Dims, scale: Scale, x: &Inputs) -> (Vec<f32>, Saved)
             let block = i * n * d..(i + 1) * n * d;
             let np = padded(n);
             let (keys_t, rest) = by_feature_block(x, dims, i).split_at(d * np);
-            let logit_keys_t = &rest[..d * np];
-            // Two [Np] rows: a row's lanes and which of its nodes may be chosen.
-            let mut lanes = vec![0.0f32; 2 * np];
+            // Two [ROW_BLOCK, Np] blocks: the rows' lanes and which nodes each may choose.
+            let mut lanes = vec![0.0f32; 2 * ROW_BLOCK * np];
             let instance = InstanceIn {
                 keys_t,
                 values: &x.glimpse_values[block],
-                logit_keys_t,
+                logit_keys_t: &rest[..d * np],
             };
-            for row in 0..s {
-                let r = i * s + row;
-                let row_out = RowOut {
-                    log_probs: &mut lp[row * n..(row + 1) * n],
-                    attention: &mut att[row * h * n..(row + 1) * h * n],
-                    glimpse: &mut glimpse[row * d..(row + 1) * d],
-                    tanh: &mut tanh[row * n..(row + 1) * n],
+            let mut row = 0;
+            while row < s {
+                let count = rows_in_block(s - row);
+                let (r, rows) = (i * s + row, row..row + count);
+                let rows_out = RowsOut {
+                    log_probs: &mut lp[rows.start * n..rows.end * n],
+                    attention: &mut att[rows.start * h * n..rows.end * h * n],
+                    glimpse: &mut glimpse[rows.start * d..rows.end * d],
+                    tanh: &mut tanh[rows.start * n..rows.end * n],
                 };
-                let query = &x.query[r * d..(r + 1) * d];
-                let mask = &x.mask[r * n..(r + 1) * n];
-                let row_in = (query, mask, &instance);
-                forward_row_dispatch(dims, scale, row_in, row_out, &mut lanes);
+                let query = &x.query[r * d..(r + count) * d];
+                let mask = &x.mask[r * n..(r + count) * n];
+                forward_rows_dispatch(dims, scale, (query, mask, &instance), rows_out, &mut lanes);
+                row += count;
             }
         });
     (log_probs, saved)
@@ -396,30 +461,48 @@ struct InstanceIn<'a> {
     logit_keys_t: &'a [f32],
 }
 
-/// A row's query and mask, and its instance.
-type RowIn<'a> = (&'a [f32], &'a [u8], &'a InstanceIn<'a>);
+/// Consecutive rows' queries `[rows, d]` and masks `[rows, N]`, and their instance.
+type RowsIn<'a> = (&'a [f32], &'a [u8], &'a InstanceIn<'a>);
 
-struct RowOut<'a> {
+/// Consecutive rows' outputs, each `[rows, ·]`.
+struct RowsOut<'a> {
     log_probs: &'a mut [f32],
     attention: &'a mut [f32],
     glimpse: &'a mut [f32],
     tanh: &'a mut [f32],
 }
 
-/// [`forward_row`] compiled for AVX2 and FMA, where the CPU has them.
-fn forward_row_dispatch(dims: Dims, scale: Scale, x: RowIn, out: RowOut, lanes: &mut [f32]) {
+/// [`forward_rows`] for a block of [`ROW_BLOCK`], 2 or 1 rows (the query's length over
+/// d), compiled for AVX2 and FMA where the CPU has them.
+fn forward_rows_dispatch(dims: Dims, scale: Scale, x: RowsIn, out: RowsOut, lanes: &mut [f32]) {
+    let rows = x.0.len() / dims.embed();
     #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         // SAFETY: the CPU supports AVX2 and FMA (checked above).
-        return unsafe { forward_row_avx2(dims, scale, x, out, lanes) };
+        return unsafe { forward_rows_avx2(rows, dims, scale, x, out, lanes) };
     }
-    forward_row::<Plain>(dims, scale, x, out, lanes)
+    match rows {
+        ROW_BLOCK => forward_rows::<Plain, ROW_BLOCK>(dims, scale, x, out, lanes),
+        2 => forward_rows::<Plain, 2>(dims, scale, x, out, lanes),
+        _ => forward_rows::<Plain, 1>(dims, scale, x, out, lanes),
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn forward_row_avx2(dims: Dims, scale: Scale, x: RowIn, out: RowOut, lanes: &mut [f32]) {
-    forward_row::<Fused>(dims, scale, x, out, lanes)
+fn forward_rows_avx2(
+    rows: usize,
+    dims: Dims,
+    scale: Scale,
+    x: RowsIn,
+    out: RowsOut,
+    lanes: &mut [f32],
+) {
+    match rows {
+        ROW_BLOCK => forward_rows::<Fused, ROW_BLOCK>(dims, scale, x, out, lanes),
+        2 => forward_rows::<Fused, 2>(dims, scale, x, out, lanes),
+        _ => forward_rows::<Fused, 1>(dims, scale, x, out, lanes),
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -427,44 +510,85 @@ fn has_avx2_fma() -> bool {
     std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
 }
 
+/// `R` rows of one instance: the glimpse's products and the logits for all of them at
+/// once, the softmaxes row by row.
 #[inline(always)]
-fn forward_row<M: MulAdd>(
+fn forward_rows<M: MulAdd, const R: usize>(
     dims: Dims,
     scale: Scale,
-    (query, mask, instance): RowIn,
-    out: RowOut,
+    (query, mask, instance): RowsIn,
+    out: RowsOut,
     lanes: &mut [f32],
 ) {
-    let (n, dk, d) = (dims.nodes, dims.head_dim, dims.embed());
+    let (n, h, dk, d) = (dims.nodes, dims.heads, dims.head_dim, dims.embed());
     let np = padded(n);
-    let (lanes, keep) = lanes.split_at_mut(np);
-    for (k, &m) in keep.iter_mut().zip(mask) {
-        *k = if m == 0 { 1.0 } else { 0.0 };
+    let (lanes, keep) = lanes.split_at_mut(ROW_BLOCK * np);
+    for r in 0..R {
+        let keep = &mut keep[r * np..(r + 1) * np];
+        for (k, &m) in keep.iter_mut().zip(&mask[r * n..(r + 1) * n]) {
+            *k = if m == 0 { 1.0 } else { 0.0 };
+        }
+        keep[n..].fill(0.0);
     }
-    keep[n..].fill(0.0);
+    let lane_rows = |count| RowsAt {
+        coef_stride: d,
+        count,
+        out_stride: np,
+    };
     // The glimpse: each head attends over the unmasked nodes.
-    for head in 0..dims.heads {
-        let keys = &instance.keys_t[head * dk * np..];
-        weighted_sum::<M, false>(&query[head * dk..(head + 1) * dk], keys, np, np, lanes);
-        masked_softmax::<M>(lanes, keep);
-        let a = &mut out.attention[head * n..(head + 1) * n];
-        a.copy_from_slice(&lanes[..n]);
-        let g = &mut out.glimpse[head * dk..(head + 1) * dk];
-        weighted_sum::<M, false>(a, &instance.values[head * dk..], d, dk, g);
+    for head in 0..h {
+        let keys = (&instance.keys_t[head * dk * np..], (np, np));
+        weighted_sums::<M, R>(&query[head * dk..], keys.0, keys.1, lane_rows(dk), lanes);
+        for r in 0..R {
+            let row_lanes = &mut lanes[r * np..(r + 1) * np];
+            masked_softmax::<M>(row_lanes, &keep[r * np..(r + 1) * np]);
+            let a = (r * h + head) * n;
+            out.attention[a..a + n].copy_from_slice(&row_lanes[..n]);
+        }
+        let by_attention = RowsAt {
+            coef_stride: h * n,
+            count: n,
+            out_stride: d,
+        };
+        let values = &instance.values[head * dk..];
+        let attention = &out.attention[head * n..];
+        let glimpse = &mut out.glimpse[head * dk..];
+        weighted_sums::<M, R>(attention, values, (d, dk), by_attention, glimpse);
     }
     // Single-head logits, clipped, masked, log-softmax, over the padded lanes.
-    weighted_sum::<M, false>(out.glimpse, instance.logit_keys_t, np, np, lanes);
+    let logit_keys = (instance.logit_keys_t, (np, np));
+    weighted_sums::<M, R>(out.glimpse, logit_keys.0, logit_keys.1, lane_rows(d), lanes);
+    for r in 0..R {
+        let row_lanes = &mut lanes[r * np..(r + 1) * np];
+        let row_out = (
+            &mut out.tanh[r * n..(r + 1) * n],
+            &mut out.log_probs[r * n..(r + 1) * n],
+        );
+        let row_mask = (&mask[r * n..(r + 1) * n], &keep[r * np..(r + 1) * np]);
+        log_softmax_row::<M>(scale, row_lanes, row_mask, row_out);
+    }
+}
+
+/// A row's logits from its raw products: tanh (kept), clipped, masked, log-softmax.
+#[inline(always)]
+fn log_softmax_row<M: MulAdd>(
+    scale: Scale,
+    lanes: &mut [f32],
+    (mask, keep): (&[u8], &[f32]),
+    (tanh, log_probs): (&mut [f32], &mut [f32]),
+) {
+    let n = mask.len();
     for z in lanes.chunks_exact_mut(8) {
         tanh8::<M>(z.try_into().expect("8 lanes"));
     }
-    out.tanh.copy_from_slice(&lanes[..n]);
+    tanh.copy_from_slice(&lanes[..n]);
     for z in lanes.iter_mut() {
         *z = clipped(*z, scale);
     }
-    out.log_probs.copy_from_slice(&lanes[..n]);
+    log_probs.copy_from_slice(&lanes[..n]);
     let max = kept_max(lanes, keep);
     let log_sum = max + kept_exp_sum::<M>(lanes, max, keep).ln();
-    for (lp, &m) in out.log_probs.iter_mut().zip(mask) {
+    for (lp, &m) in log_probs.iter_mut().zip(mask) {
         *lp = if m == 0 {
             *lp - log_sum
         } else {
@@ -522,23 +646,21 @@ pub(crate) fn backward(
                 query: &x.query[i * s * d..(i + 1) * s * d],
                 glimpse: &saved.glimpse[i * s * d..(i + 1) * s * d],
             };
-            for row in 0..s {
-                let r = i * s + row;
-                let row_saved = RowSaved {
-                    mask: &x.mask[r * n..(r + 1) * n],
-                    log_probs: &log_probs[r * n..(r + 1) * n],
-                    attention: &saved.attention[r * h * n..(r + 1) * h * n],
-                    tanh: &saved.tanh[r * n..(r + 1) * n],
-                    grad_out: &grad_out[r * n..(r + 1) * n],
+            let mut row = 0;
+            while row < s {
+                let count = rows_in_block(s - row);
+                let r = (i * s + row)..(i * s + row + count);
+                let rows_saved = RowSaved {
+                    mask: &x.mask[r.start * n..r.end * n],
+                    log_probs: &log_probs[r.start * n..r.end * n],
+                    attention: &saved.attention[r.start * h * n..r.end * h * n],
+                    tanh: &saved.tanh[r.start * n..r.end * n],
+                    grad_out: &grad_out[r.start * n..r.end * n],
                 };
-                let query = &mut dq[row * d..(row + 1) * d];
-                backward_row_dispatch(
-                    dims,
-                    scale,
-                    (row, &row_saved, &instance),
-                    query,
-                    &mut scratch,
-                );
+                let query = &mut dq[row * d..(row + count) * d];
+                let rows = (row, &rows_saved, &instance);
+                backward_rows_dispatch(dims, scale, rows, query, &mut scratch);
+                row += count;
             }
             instance_grads_dispatch(dims, &instance, &scratch, (dk, dv, dl));
         });
@@ -561,7 +683,8 @@ struct InstanceBack<'a> {
 
 /// An instance's working memory in the backward pass.
 struct BackScratch {
-    /// `[Np]` one row's attention gradient for one head.
+    /// `[ROW_BLOCK, Np]` the block's rows' attention, then compatibility, gradients for
+    /// one head.
     lanes: Vec<f32>,
     /// `[S, d]` each row's glimpse gradient.
     d_glimpse: Vec<f32>,
@@ -570,9 +693,8 @@ struct BackScratch {
     /// `[H, N, S]` each row's attention weights and compatibility gradients, node-major.
     attention_t: Vec<f32>,
     d_compat_t: Vec<f32>,
-    /// `[N]` one row's logit and compatibility gradients.
+    /// `[N]` one row's logit gradients.
     d_logits: Vec<f32>,
-    d_compat: Vec<f32>,
 }
 
 impl BackScratch {
@@ -580,18 +702,18 @@ impl BackScratch {
         let (n, d, s, h) = (dims.nodes, dims.embed(), dims.starts, dims.heads);
         let np = padded(n);
         Self {
-            lanes: vec![0.0; np],
+            lanes: vec![0.0; ROW_BLOCK * np],
             d_glimpse: vec![0.0; s * d],
             d_logits_t: vec![0.0; n * s],
             attention_t: vec![0.0; h * n * s],
             d_compat_t: vec![0.0; h * n * s],
             d_logits: vec![0.0; n],
-            d_compat: vec![0.0; n],
         }
     }
 }
 
-/// A row's mask, what its forward pass kept, and its output gradient.
+/// Consecutive rows' masks, what their forward pass kept, and their output gradients,
+/// each `[rows, ·]`.
 struct RowSaved<'a> {
     mask: &'a [u8],
     log_probs: &'a [f32],
@@ -600,92 +722,145 @@ struct RowSaved<'a> {
     grad_out: &'a [f32],
 }
 
-/// The row's index within its instance, its saved values, and its instance.
+/// The first row's index within its instance, the rows' saved values, and their instance.
 type RowBack<'a> = (usize, &'a RowSaved<'a>, &'a InstanceBack<'a>);
 
-/// [`backward_row`] compiled for AVX2 and FMA, where the CPU has them.
-fn backward_row_dispatch(
+/// [`backward_rows`] for a block of [`ROW_BLOCK`], 2 or 1 rows (the query gradient's
+/// length over d), compiled for AVX2 and FMA where the CPU has them.
+fn backward_rows_dispatch(
     dims: Dims,
     scale: Scale,
-    row: RowBack,
+    rows: RowBack,
     d_query: &mut [f32],
     scratch: &mut BackScratch,
 ) {
+    let count = d_query.len() / dims.embed();
     #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         // SAFETY: the CPU supports AVX2 and FMA (checked above).
-        return unsafe { backward_row_avx2(dims, scale, row, d_query, scratch) };
+        return unsafe { backward_rows_avx2(count, dims, scale, rows, d_query, scratch) };
     }
-    backward_row::<Plain>(dims, scale, row, d_query, scratch)
+    match count {
+        ROW_BLOCK => backward_rows::<Plain, ROW_BLOCK>(dims, scale, rows, d_query, scratch),
+        2 => backward_rows::<Plain, 2>(dims, scale, rows, d_query, scratch),
+        _ => backward_rows::<Plain, 1>(dims, scale, rows, d_query, scratch),
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn backward_row_avx2(
+fn backward_rows_avx2(
+    count: usize,
     dims: Dims,
     scale: Scale,
-    row: RowBack,
+    rows: RowBack,
     d_query: &mut [f32],
     scratch: &mut BackScratch,
 ) {
-    backward_row::<Fused>(dims, scale, row, d_query, scratch)
+    match count {
+        ROW_BLOCK => backward_rows::<Fused, ROW_BLOCK>(dims, scale, rows, d_query, scratch),
+        2 => backward_rows::<Fused, 2>(dims, scale, rows, d_query, scratch),
+        _ => backward_rows::<Fused, 1>(dims, scale, rows, d_query, scratch),
+    }
 }
 
-/// One row: its query gradient, and its column of the instance's `*_t` buffers.
+/// `R` consecutive rows: their query gradients, and their columns of the instance's `*_t`
+/// buffers. Each head's attention gradients are one product of the `R` rows' glimpse
+/// gradients against the values (they share them); the rest goes row by row.
 #[inline(always)]
-fn backward_row<M: MulAdd>(
+fn backward_rows<M: MulAdd, const R: usize>(
     dims: Dims,
     scale: Scale,
-    (row, x, instance): RowBack,
+    (first, x, instance): RowBack,
     d_query: &mut [f32],
     scratch: &mut BackScratch,
 ) {
-    let (n, dk, d, s) = (dims.nodes, dims.head_dim, dims.embed(), dims.starts);
+    let (n, h, dk, d, s) = (
+        dims.nodes,
+        dims.heads,
+        dims.head_dim,
+        dims.embed(),
+        dims.starts,
+    );
     let np = padded(n);
+    for r in 0..R {
+        logit_grads_row::<M>(dims, scale, (first + r, r, x, instance), scratch);
+    }
     let BackScratch {
         lanes,
         d_glimpse,
-        d_logits_t,
         attention_t,
         d_compat_t,
-        d_logits,
-        d_compat,
+        ..
     } = scratch;
+    let from_glimpse = RowsAt {
+        coef_stride: d,
+        count: dk,
+        out_stride: np,
+    };
+    // Each head: glimpse_h = Σ a·v, a = softmax(q_h · k).
+    for head in 0..h {
+        // d_attention[node] = dg · v[node], for every node and row at once.
+        let dg = &d_glimpse[first * d + head * dk..];
+        let values = (&instance.values_t[head * dk * np..], (np, np));
+        weighted_sums::<M, R>(dg, values.0, values.1, from_glimpse, lanes);
+        let attention = |r: usize| &x.attention[(r * h + head) * n..][..n];
+        // Σ a·da for each row: R independent chains in one pass, each in node order.
+        let mut weighted = [0.0f32; R];
+        for node in 0..n {
+            for (r, w) in weighted.iter_mut().enumerate() {
+                *w += attention(r)[node] * lanes[r * np + node];
+            }
+        }
+        // d_compat = a·(da − Σ a·da), kept node-major: the block's rows are consecutive.
+        for node in 0..n {
+            let at = (head * n + node) * s + first;
+            for (r, &w) in weighted.iter().enumerate() {
+                let a = attention(r)[node];
+                let d = a * (lanes[r * np + node] - w);
+                lanes[r * np + node] = d;
+                attention_t[at + r] = a;
+                d_compat_t[at + r] = d;
+            }
+        }
+        // Each row's own query gradient (only this head writes these lanes).
+        let keys = &instance.keys[head * dk..];
+        for r in 0..R {
+            let out = r * d + head * dk..r * d + (head + 1) * dk;
+            weighted_sum::<M>(&lanes[r * np..r * np + n], keys, d, dk, &mut d_query[out]);
+        }
+    }
+}
+
+/// One row's logit gradients (kept node-major in `d_logits_t`) and glimpse gradient:
+/// `(row within the instance, row within the block, the block, the instance)`.
+#[inline(always)]
+fn logit_grads_row<M: MulAdd>(
+    dims: Dims,
+    scale: Scale,
+    (row, r, x, instance): (usize, usize, &RowSaved, &InstanceBack),
+    scratch: &mut BackScratch,
+) {
+    let (n, d, s) = (dims.nodes, dims.embed(), dims.starts);
+    let (mask, log_probs) = (&x.mask[r * n..][..n], &x.log_probs[r * n..][..n]);
+    let (tanh, grad_out) = (&x.tanh[r * n..][..n], &x.grad_out[r * n..][..n]);
     // log_softmax: dz = g − p·Σg (the sum over every entry, as the composed form takes
     // it); masked entries get none. tanh clipping: dlogit = dz · C/T · (1 − tanh²).
-    let total: f32 = x.grad_out.iter().sum();
+    let total: f32 = grad_out.iter().sum();
     let slope = scale.tanh_clipping / scale.temperature;
-    for (node, d_logit) in d_logits.iter_mut().enumerate() {
-        *d_logit = if x.mask[node] != 0 {
+    for (node, d_logit) in scratch.d_logits.iter_mut().enumerate() {
+        *d_logit = if mask[node] != 0 {
             0.0
         } else {
-            let p = exp_lane(x.log_probs[node]);
-            let t = x.tanh[node];
-            (x.grad_out[node] - p * total) * slope * (1.0 - t * t)
+            let p = exp_lane(log_probs[node]);
+            let t = tanh[node];
+            (grad_out[node] - p * total) * slope * (1.0 - t * t)
         };
-        d_logits_t[node * s + row] = *d_logit;
+        scratch.d_logits_t[node * s + row] = *d_logit;
     }
     // logits = glimpse · logit_keys[node]
-    let dg_row = &mut d_glimpse[row * d..(row + 1) * d];
-    weighted_sum::<M, true>(d_logits, instance.logit_keys, d, d, dg_row);
-    // Each head: glimpse_h = Σ a·v, a = softmax(q_h · k).
-    for head in 0..dims.heads {
-        let heads = head * dk..(head + 1) * dk;
-        let a = &x.attention[head * n..(head + 1) * n];
-        let dg = &dg_row[heads.clone()];
-        // d_attention[node] = dg · v[node], for every node at once.
-        weighted_sum::<M, false>(dg, &instance.values_t[head * dk * np..], np, np, lanes);
-        let weighted: f32 = a.iter().zip(lanes.iter()).map(|(a, da)| a * da).sum();
-        for node in 0..n {
-            d_compat[node] = a[node] * (lanes[node] - weighted);
-            let at = (head * n + node) * s + row;
-            attention_t[at] = a[node];
-            d_compat_t[at] = d_compat[node];
-        }
-        // The row's own query gradient (only this head writes these lanes).
-        let keys = &instance.keys[head * dk..];
-        weighted_sum::<M, true>(d_compat, keys, d, dk, &mut d_query[heads]);
-    }
+    let dg_row = &mut scratch.d_glimpse[row * d..(row + 1) * d];
+    weighted_sum::<M>(&scratch.d_logits, instance.logit_keys, d, d, dg_row);
 }
 
 /// The instance's key, value and logit-key gradients: `[N, H, dk]`, `[N, H, dk]`, `[N, d]`.
@@ -717,37 +892,71 @@ fn instance_grads_avx2(
     instance_grads::<Fused>(dims, instance, scratch, out)
 }
 
-/// Sums over the instance's rows, one node at a time: logit keys from the logit
-/// gradients and glimpses, values from the attention weights and glimpse gradients, keys
-/// from the compatibility gradients and queries. Each output is written once.
+/// Sums over the instance's rows, [`ROW_BLOCK`] nodes at a time (they share the rows'
+/// glimpses, queries and glimpse gradients): logit keys from the logit gradients and
+/// glimpses, values from the attention weights and glimpse gradients, keys from the
+/// compatibility gradients and queries. Each output is written once, summed over the rows
+/// in row order (a zero coefficient adds an exact zero).
 #[inline(always)]
 fn instance_grads<M: MulAdd>(
     dims: Dims,
     instance: &InstanceBack,
     scratch: &BackScratch,
+    out: InstanceGrads,
+) {
+    let mut node = 0;
+    while node < dims.nodes {
+        let count = rows_in_block(dims.nodes - node);
+        let out = (&mut *out.0, &mut *out.1, &mut *out.2);
+        match count {
+            ROW_BLOCK => instance_grads_nodes::<M, ROW_BLOCK>(dims, instance, scratch, out, node),
+            2 => instance_grads_nodes::<M, 2>(dims, instance, scratch, out, node),
+            _ => instance_grads_nodes::<M, 1>(dims, instance, scratch, out, node),
+        }
+        node += count;
+    }
+}
+
+/// [`instance_grads`] for nodes `first..first + R`.
+#[inline(always)]
+fn instance_grads_nodes<M: MulAdd, const R: usize>(
+    dims: Dims,
+    instance: &InstanceBack,
+    scratch: &BackScratch,
     (d_keys, d_values, d_logit_keys): InstanceGrads,
+    first: usize,
 ) {
     let (n, dk, d, s) = (dims.nodes, dims.head_dim, dims.embed(), dims.starts);
-    for node in 0..n {
-        let at = node * d;
-        let d_logits = &scratch.d_logits_t[node * s..(node + 1) * s];
-        weighted_sum::<M, true>(
-            d_logits,
-            instance.glimpse,
-            d,
-            d,
-            &mut d_logit_keys[at..at + d],
+    let at = first * d;
+    let over_rows = RowsAt {
+        coef_stride: s,
+        count: s,
+        out_stride: d,
+    };
+    let d_logits = &scratch.d_logits_t[first * s..];
+    let glimpses = (instance.glimpse, (d, d));
+    weighted_sums::<M, R>(
+        d_logits,
+        glimpses.0,
+        glimpses.1,
+        over_rows,
+        &mut d_logit_keys[at..],
+    );
+    for head in 0..dims.heads {
+        let column = (head * n + first) * s;
+        let out = at + head * dk;
+        let d_glimpse = (&scratch.d_glimpse[head * dk..], (d, dk));
+        let attention = &scratch.attention_t[column..];
+        weighted_sums::<M, R>(
+            attention,
+            d_glimpse.0,
+            d_glimpse.1,
+            over_rows,
+            &mut d_values[out..],
         );
-        for head in 0..dims.heads {
-            let column = (head * n + node) * s..(head * n + node + 1) * s;
-            let out = at + head * dk..at + (head + 1) * dk;
-            let attention = &scratch.attention_t[column.clone()];
-            let d_glimpse = &scratch.d_glimpse[head * dk..];
-            weighted_sum::<M, true>(attention, d_glimpse, d, dk, &mut d_values[out.clone()]);
-            let d_compat = &scratch.d_compat_t[column];
-            let query = &instance.query[head * dk..];
-            weighted_sum::<M, true>(d_compat, query, d, dk, &mut d_keys[out]);
-        }
+        let query = (&instance.query[head * dk..], (d, dk));
+        let d_compat = &scratch.d_compat_t[column..];
+        weighted_sums::<M, R>(d_compat, query.0, query.1, over_rows, &mut d_keys[out..]);
     }
 }
 #[cfg(test)]
