@@ -14,6 +14,12 @@
 //! updates of `Np` lanes, with no horizontal sums. The model makes it once per decode;
 //! transposed here at every step it cost as much as a row's own arithmetic with one row
 //! per instance (greedy decoding), and doubled the step's memory traffic.
+//!
+//! An instance's rows (its POMO starts) go through the products in blocks of
+//! [`ROW_BLOCK`]: alone, a row keeps two or three vectors of sums in flight and each
+//! multiply-add waits on the one before; four rows share every key vector loaded and keep
+//! twelve. Each output is still summed in the same order, so the block size changes no
+//! number.
 
 use rayon::prelude::*;
 
@@ -537,8 +543,8 @@ fn forward_rows<M: MulAdd, const R: usize>(
     };
     // The glimpse: each head attends over the unmasked nodes.
     for head in 0..h {
-        let keys = (&instance.keys_t[head * dk * np..], (np, np));
-        weighted_sums::<M, R>(&query[head * dk..], keys.0, keys.1, lane_rows(dk), lanes);
+        let keys = &instance.keys_t[head * dk * np..];
+        weighted_sums::<M, R>(&query[head * dk..], keys, (np, np), lane_rows(dk), lanes);
         for r in 0..R {
             let row_lanes = &mut lanes[r * np..(r + 1) * np];
             masked_softmax::<M>(row_lanes, &keep[r * np..(r + 1) * np]);
@@ -556,8 +562,8 @@ fn forward_rows<M: MulAdd, const R: usize>(
         weighted_sums::<M, R>(attention, values, (d, dk), by_attention, glimpse);
     }
     // Single-head logits, clipped, masked, log-softmax, over the padded lanes.
-    let logit_keys = (instance.logit_keys_t, (np, np));
-    weighted_sums::<M, R>(out.glimpse, logit_keys.0, logit_keys.1, lane_rows(d), lanes);
+    let logit_keys = instance.logit_keys_t;
+    weighted_sums::<M, R>(out.glimpse, logit_keys, (np, np), lane_rows(d), lanes);
     for r in 0..R {
         let row_lanes = &mut lanes[r * np..(r + 1) * np];
         let row_out = (
@@ -609,10 +615,10 @@ fn clipped(t: f32, scale: Scale) -> f32 {
 
 /// Gradients of every float input from the gradient of the log-probabilities.
 ///
-/// Per instance: each row computes its own query gradient and keeps, transposed to
-/// `[·, N, S]`, what the instance's key, value and logit-key gradients need; those are then
-/// summed over the rows in registers and written once per node (no read-modify-write per
-/// row), in row order as before.
+/// Per instance, rows in blocks of [`ROW_BLOCK`]: each row computes its own query
+/// gradient and keeps, transposed to `[·, N, S]`, what the instance's key, value and
+/// logit-key gradients need; those are then summed over the rows in registers, a block of
+/// nodes at a time, and written once per node (no read-modify-write per row), in row order.
 pub(crate) fn backward(
     dims: Dims,
     scale: Scale,
@@ -802,8 +808,8 @@ fn backward_rows<M: MulAdd, const R: usize>(
     for head in 0..h {
         // d_attention[node] = dg · v[node], for every node and row at once.
         let dg = &d_glimpse[first * d + head * dk..];
-        let values = (&instance.values_t[head * dk * np..], (np, np));
-        weighted_sums::<M, R>(dg, values.0, values.1, from_glimpse, lanes);
+        let values = &instance.values_t[head * dk * np..];
+        weighted_sums::<M, R>(dg, values, (np, np), from_glimpse, lanes);
         let attention = |r: usize| &x.attention[(r * h + head) * n..][..n];
         // Σ a·da for each row: R independent chains in one pass, each in node order.
         let mut weighted = [0.0f32; R];
@@ -934,29 +940,18 @@ fn instance_grads_nodes<M: MulAdd, const R: usize>(
         out_stride: d,
     };
     let d_logits = &scratch.d_logits_t[first * s..];
-    let glimpses = (instance.glimpse, (d, d));
-    weighted_sums::<M, R>(
-        d_logits,
-        glimpses.0,
-        glimpses.1,
-        over_rows,
-        &mut d_logit_keys[at..],
-    );
+    let out = &mut d_logit_keys[at..];
+    weighted_sums::<M, R>(d_logits, instance.glimpse, (d, d), over_rows, out);
     for head in 0..dims.heads {
         let column = (head * n + first) * s;
         let out = at + head * dk;
-        let d_glimpse = (&scratch.d_glimpse[head * dk..], (d, dk));
+        let d_glimpse = &scratch.d_glimpse[head * dk..];
         let attention = &scratch.attention_t[column..];
-        weighted_sums::<M, R>(
-            attention,
-            d_glimpse.0,
-            d_glimpse.1,
-            over_rows,
-            &mut d_values[out..],
-        );
-        let query = (&instance.query[head * dk..], (d, dk));
+        let values_out = &mut d_values[out..];
+        weighted_sums::<M, R>(attention, d_glimpse, (d, dk), over_rows, values_out);
+        let query = &instance.query[head * dk..];
         let d_compat = &scratch.d_compat_t[column..];
-        weighted_sums::<M, R>(d_compat, query.0, query.1, over_rows, &mut d_keys[out..]);
+        weighted_sums::<M, R>(d_compat, query, (d, dk), over_rows, &mut d_keys[out..]);
     }
 }
 #[cfg(test)]
