@@ -154,10 +154,10 @@ fn weighted_sum<M: MulAdd>(
     weighted_sums::<M, 1>(coefs, rows, (stride, width), one_row, out);
 }
 
-/// Rows of one instance that the forward pass takes together. They read the same keys,
-/// so each key vector loaded serves all of them, and their sums are independent chains:
-/// a row alone keeps only two or three vectors of sums in flight, and each multiply-add
-/// waits on the one before it.
+/// Rows of one instance (and, for its key gradients, nodes) taken together. They read the
+/// same keys, so each key vector loaded serves all of them, and their sums are independent
+/// chains: a row alone keeps only two or three vectors of sums in flight, and each
+/// multiply-add waits on the one before it.
 const ROW_BLOCK: usize = 4;
 
 /// How many of the `left` rows (or nodes) to take next: [`ROW_BLOCK`], 2 or 1.
@@ -193,7 +193,7 @@ fn weighted_sums<M: MulAdd, const R: usize>(
     out: &mut [f32],
 ) {
     let vectors = width / 8;
-    // A row alone takes four vectors at a time, as [`weighted_sum`] does.
+    // A row alone has the registers for four vectors of sums at a time.
     let per_block = if R == 1 { 4 } else { 3 };
     let mut start = 0;
     for _ in 0..vectors / per_block {
@@ -450,7 +450,8 @@ pub(crate) fn forward(dims: Dims, scale: Scale, x: &Inputs) -> (Vec<f32>, Saved)
                 };
                 let query = &x.query[r * d..(r + count) * d];
                 let mask = &x.mask[r * n..(r + count) * n];
-                forward_rows_dispatch(dims, scale, (query, mask, &instance), rows_out, &mut lanes);
+                let rows_in = (query, mask, &instance);
+                forward_rows_dispatch(count, dims, scale, rows_in, rows_out, &mut lanes);
                 row += count;
             }
         });
@@ -478,10 +479,16 @@ struct RowsOut<'a> {
     tanh: &'a mut [f32],
 }
 
-/// [`forward_rows`] for a block of [`ROW_BLOCK`], 2 or 1 rows (the query's length over
-/// d), compiled for AVX2 and FMA where the CPU has them.
-fn forward_rows_dispatch(dims: Dims, scale: Scale, x: RowsIn, out: RowsOut, lanes: &mut [f32]) {
-    let rows = x.0.len() / dims.embed();
+/// [`forward_rows`] for a block of `rows` = [`ROW_BLOCK`], 2 or 1 rows, compiled for AVX2
+/// and FMA where the CPU has them.
+fn forward_rows_dispatch(
+    rows: usize,
+    dims: Dims,
+    scale: Scale,
+    x: RowsIn,
+    out: RowsOut,
+    lanes: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         // SAFETY: the CPU supports AVX2 and FMA (checked above).
@@ -665,7 +672,7 @@ pub(crate) fn backward(
                 };
                 let query = &mut dq[row * d..(row + count) * d];
                 let rows = (row, &rows_saved, &instance);
-                backward_rows_dispatch(dims, scale, rows, query, &mut scratch);
+                backward_rows_dispatch(count, dims, scale, rows, query, &mut scratch);
                 row += count;
             }
             instance_grads_dispatch(dims, &instance, &scratch, (dk, dv, dl));
@@ -731,16 +738,16 @@ struct RowSaved<'a> {
 /// The first row's index within its instance, the rows' saved values, and their instance.
 type RowBack<'a> = (usize, &'a RowSaved<'a>, &'a InstanceBack<'a>);
 
-/// [`backward_rows`] for a block of [`ROW_BLOCK`], 2 or 1 rows (the query gradient's
-/// length over d), compiled for AVX2 and FMA where the CPU has them.
+/// [`backward_rows`] for a block of `count` = [`ROW_BLOCK`], 2 or 1 rows, compiled for
+/// AVX2 and FMA where the CPU has them.
 fn backward_rows_dispatch(
+    count: usize,
     dims: Dims,
     scale: Scale,
     rows: RowBack,
     d_query: &mut [f32],
     scratch: &mut BackScratch,
 ) {
-    let count = d_query.len() / dims.embed();
     #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         // SAFETY: the CPU supports AVX2 and FMA (checked above).
@@ -823,10 +830,10 @@ fn backward_rows<M: MulAdd, const R: usize>(
             let at = (head * n + node) * s + first;
             for (r, &w) in weighted.iter().enumerate() {
                 let a = attention(r)[node];
-                let d = a * (lanes[r * np + node] - w);
-                lanes[r * np + node] = d;
+                let d_compat = a * (lanes[r * np + node] - w);
+                lanes[r * np + node] = d_compat;
                 attention_t[at + r] = a;
-                d_compat_t[at + r] = d;
+                d_compat_t[at + r] = d_compat;
             }
         }
         // Each row's own query gradient (only this head writes these lanes).
