@@ -1,13 +1,14 @@
 //! The model on every CPU backend compiled in (`cargo xtask bench` builds ndarray and
 //! flex): uploading a batch, the encoder, one decode step, and encode + full greedy
-//! decode of batch 512 at n = 20, 50 and 100. Throughput lines give instances per second.
+//! decode of batch 512 at n = 20, 50 and 100, whole and in cache-sized chunks. Throughput lines give instances per second.
 //! And on flex with autodiff, a POMO training decode and its backward (batch 64 × 20
 //! starts, n = 20, d = 128): the fused decoder step against Burn's ops one by one.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use routeburn_data::{Generator, InstanceRng};
 use routeburn_model::{
-    AttentionModelConfig, Backend, CvrpState, DecodeOptions, DeviceBatch, NoiseShape, StepKernel,
+    decode_chunk, decode_in_chunks, AttentionModelConfig, Backend, CvrpState, DecodeOptions,
+    DeviceBatch, NoiseShape, StepKernel,
 };
 
 fn model(c: &mut Criterion) {
@@ -57,6 +58,16 @@ fn model_on(c: &mut Criterion, backend: Backend) {
                 let problem = DeviceBatch::upload(&batch, None, &device);
                 let out = model.decode(&problem, &DecodeOptions::greedy());
                 out.actions.into_data()
+            })
+        });
+        // As `routeburn eval` decodes: in chunks whose keys fit in the cache.
+        let chunk = decode_chunk(&device, n + 1);
+        group.bench_function(format!("greedy_chunked/{b}x{n}"), |bench| {
+            bench.iter(|| {
+                let problem = DeviceBatch::upload(&batch, None, &device);
+                let parts =
+                    decode_in_chunks(&model, &problem, 0..b, &DecodeOptions::greedy(), chunk);
+                parts.into_iter().map(|a| a.into_data()).collect::<Vec<_>>()
             })
         });
     }

@@ -151,6 +151,26 @@ impl Backend {
     }
 }
 
+/// Whether `device` (or the device an autodiff device wraps) runs through CubeCL: fusion
+/// caches plans and compiles kernels per relative op stream, and a host read is a sync.
+pub fn runs_through_cubecl(device: &Device) -> bool {
+    #[cfg(any(feature = "cuda", feature = "cpu"))]
+    {
+        use burn::backend::DispatchDevice;
+        match device.as_dispatch() {
+            DispatchDevice::Cube(_) => true,
+            DispatchDevice::Autodiff(inner) => matches!(**inner, DispatchDevice::Cube(_)),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+    #[cfg(not(any(feature = "cuda", feature = "cpu")))]
+    {
+        let _ = device;
+        false
+    }
+}
+
 impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

@@ -19,8 +19,8 @@ pub mod routing_model;
 pub mod state;
 
 pub use attention_model::{AttentionModel, AttentionModelConfig, Precomputed};
-pub use backend::{Backend, BackendError};
-pub use decode::{DecodeOptions, DecodeOutput, Policy, Selection};
+pub use backend::{runs_through_cubecl, Backend, BackendError};
+pub use decode::{decode_chunk, decode_in_chunks, DecodeOptions, DecodeOutput, Policy, Selection};
 pub use decoder_step::StepKernel;
 pub use encoder::{GraphEncoder, GraphEncoderConfig, Normalization};
 pub use pointer_network::{

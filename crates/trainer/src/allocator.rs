@@ -1,15 +1,16 @@
 //! Heap settings for tensor work on the CPU.
 //!
-//! The CPU backends allocate a fresh buffer for nearly every tensor op, many of them a few
-//! hundred KiB to tens of MiB. glibc serves blocks above its mmap threshold (128 KiB at
-//! first, adapting upward only as such blocks are freed) with fresh mappings, so each such
-//! op pays page faults and the kernel's page zeroing: about a tenth of a `tiny_1` training
-//! step in a profile (README, "Performance"). Raising the threshold and the trim threshold
-//! keeps freed blocks in the heap for the next step to reuse.
+//! The CPU backends allocate a fresh buffer for nearly every tensor op, from a few hundred
+//! KiB to hundreds of MiB (the encoder's `[512, 8, 101, 101]` attention scores are 167 MB).
+//! glibc serves large blocks with fresh mappings (above a threshold that it caps at 32
+//! MiB), so each such op pays page faults and the kernel's page zeroing: about a tenth of
+//! a `tiny_1` training step and a quarter of a greedy CVRP100 evaluation (README,
+//! "Performance"). Here the heap serves every block (glibc still maps memory when the heap
+//! cannot grow) and keeps up to [`TRIM_THRESHOLD`] of freed memory for the next op.
 
-/// The largest mmap threshold glibc accepts on 64-bit targets (its `HEAP_MAX / 2`).
+/// Blocks glibc may serve with mappings of their own: none.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-const MMAP_THRESHOLD: libc::c_int = 32 << 20;
+const MMAP_MAX: libc::c_int = 0;
 /// Freed memory kept at the top of the heap before it is returned to the system.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const TRIM_THRESHOLD: libc::c_int = 512 << 20;
@@ -23,7 +24,7 @@ pub fn tune_for_tensors() {
         // other thread exists (or, from a bench, before tensor work starts), and a
         // rejected value leaves glibc's default in place.
         unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+            libc::mallopt(libc::M_MMAP_MAX, MMAP_MAX);
             libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD);
         }
     }

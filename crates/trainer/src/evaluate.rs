@@ -4,7 +4,7 @@
 use burn::tensor::{Device, Int, Tensor, TensorData, Transaction};
 use routeburn_cost::{batch_costs, validate_batch, ActionIndex};
 use routeburn_data::Batch;
-use routeburn_model::{DecodeOptions, DeviceBatch, Policy};
+use routeburn_model::{decode_chunk, decode_in_chunks, DecodeOptions, DeviceBatch, Policy};
 
 use crate::error::TrainError;
 use crate::shards::{in_parallel, Shards};
@@ -88,12 +88,12 @@ pub(crate) fn decode_costs(
     let mut costs = Vec::new();
     for batch in batches {
         let problem = DeviceBatch::upload(batch, None, device);
-        let outputs = in_parallel(shards.ranges(batch.size), |range| {
-            model.decode(&problem.shard(range), options)
+        let chunk = decode_chunk(device, batch.n + 1);
+        let parts = in_parallel(shards.ranges(batch.size), |range| {
+            decode_in_chunks(model, &problem, range, options, chunk)
         });
-        let rows = outputs[0].rows_per_instance;
-        let parts = download_ints(outputs.into_iter().map(|o| o.actions).collect());
-        let (actions, steps) = join_rows(parts);
+        let rows = options.rows_per_instance(batch.n);
+        let (actions, steps) = join_rows(download_ints(parts.into_iter().flatten().collect()));
         let row_costs = validated_costs(batch, &actions, steps, rows)?;
         costs.extend(best_per_instance(&row_costs, rows));
     }

@@ -9,11 +9,13 @@ use burn::module::Module;
 use burn::tensor::Device;
 use routeburn_cost::{Metric, Solution};
 use routeburn_data::{normalize_coords, Batch, Instance, InstanceRng};
-use routeburn_model::{DecodeOptions, DeviceBatch, NoiseShape, Policy, RoutingModel};
+use routeburn_model::{
+    decode_chunk, decode_in_chunks, DecodeOptions, DeviceBatch, NoiseShape, Policy, RoutingModel,
+};
 
 use crate::config::{Config, ModelConfig};
 use crate::error::TrainError;
-use crate::evaluate::{download_ints, validated_costs};
+use crate::evaluate::{download_ints, join_rows, validated_costs};
 use crate::import::{import, is_pytorch_file};
 use crate::run::checkpoint::{record_error, Checkpoints, BEST, LATEST, MODEL_FILE};
 
@@ -256,10 +258,9 @@ pub(crate) fn solve_batch(
         rng,
     ));
     let problem = DeviceBatch::upload(&batch, noise, device);
-    let out = model.decode(&problem, &options);
-    let [(actions, [_, steps])] = download_ints(vec![out.actions])
-        .try_into()
-        .expect("one tensor");
+    let chunk = decode_chunk(device, batch.n + 1);
+    let parts = decode_in_chunks(model, &problem, 0..batch.size, &options, chunk);
+    let (actions, steps) = join_rows(download_ints(parts));
     // Validated against the (transformed) batch: feasibility does not depend on coordinates.
     let row_costs = validated_costs(&batch, &actions, steps, rows)?;
     let rows_per_original = per_instance * rows;
