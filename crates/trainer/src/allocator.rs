@@ -4,9 +4,10 @@
 //! KiB to hundreds of MiB (the encoder's `[512, 8, 101, 101]` attention scores are 167 MB).
 //! glibc serves large blocks with fresh mappings (above a threshold that it caps at 32
 //! MiB), so each such op pays page faults and the kernel's page zeroing: about a tenth of
-//! a `tiny_1` training step and a quarter of a greedy CVRP100 evaluation (README,
-//! "Performance"). Here the heap serves every block (glibc still maps memory when the heap
-//! cannot grow) and keeps up to [`TRIM_THRESHOLD`] of freed memory for the next op.
+//! a `tiny_1` training step and a quarter of a greedy CVRP100 evaluation
+//! (`benches/README.md`, sessions 4 and 11). Here the heap serves every block (glibc
+//! still maps memory when the heap cannot grow) and keeps up to [`TRIM_THRESHOLD`] of
+//! freed memory for the next op.
 
 /// Blocks glibc may serve with mappings of their own: none.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]

@@ -229,7 +229,7 @@ pub(crate) struct Solved {
 /// instances' own coordinates under `metric` (None: each instance's default).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn solve_batch(
-    model: &impl Policy,
+    model: &(impl Policy + Sync),
     instances: &[&Instance],
     strategy: Strategy,
     normalize: bool,
