@@ -200,8 +200,9 @@ pub fn decode_chunk(device: &Device, nodes: usize) -> usize {
 /// run at once as rayon has threads (each on its own thread: the decode's small state
 /// updates run one op at a time, and one chunk alone kept two cores ~70% busy), then the
 /// next as many. A chunk decodes exactly as it would inside the whole batch (greedy rows
-/// read only their own instance; a sample reads its own rows of the noise), so neither the
-/// chunk size nor the threads change a tour.
+/// read only their own instance; a sample reads its own rows of the noise; an inference
+/// model's batch norm uses its running statistics), so neither the chunk size nor the
+/// threads change a tour.
 pub fn decode_in_chunks(
     model: &(impl Policy + Sync),
     problem: &DeviceBatch,
