@@ -1,6 +1,7 @@
 //! The model on every CPU backend compiled in (`cargo xtask bench` builds ndarray and
 //! flex): uploading a batch, the encoder, one decode step, and encode + full greedy
-//! decode of batch 512 at n = 20, 50 and 100, whole and in cache-sized chunks. Throughput lines give instances per second.
+//! decode of batch 512 at n = 20, 50 and 100, whole and in cache-sized chunks (as `eval`
+//! decodes). Throughput lines give instances per second.
 //! And on flex with autodiff, a POMO training decode and its backward (batch 64 × 20
 //! starts, n = 20, d = 128): the fused decoder step against Burn's ops one by one.
 
