@@ -195,8 +195,8 @@ pub fn decode_chunk(device: &Device, nodes: usize) -> usize {
     }
 }
 
-/// Decodes instances `range` of `problem` in chunks of at most `chunk` instances: each
-/// chunk's `[rows, steps]` actions, in order, still on the device. On flex as many chunks
+/// Decodes instances `range` of `problem` in chunks of at most `chunk` instances, split as
+/// evenly as possible: each chunk's `[rows, steps]` actions, in order, still on the device. On flex as many chunks
 /// run at once as rayon has threads (each on its own thread: the decode's small state
 /// updates run one op at a time, and one chunk alone kept two cores ~70% busy), then the
 /// next as many. A chunk decodes exactly as it would inside the whole batch (greedy rows
@@ -210,23 +210,30 @@ pub fn decode_in_chunks(
     options: &DecodeOptions,
     chunk: usize,
 ) -> Vec<Tensor<2, Int>> {
-    let (end, chunk) = (range.end, chunk.max(1));
-    let starts: Vec<usize> = range.step_by(chunk).collect();
-    let decode = |start: usize| {
-        let part = problem.shard(start..start.saturating_add(chunk).min(end));
-        model.decode(&part, options).actions
-    };
+    // As many chunks as `chunk` asks for, as even as possible (the larger first), so that
+    // no round ends with one thread on a short chunk and the other idle.
+    let count = range.len().div_ceil(chunk.max(1)).max(1);
+    let (base, extra) = (range.len() / count, range.len() % count);
+    let parts: Vec<std::ops::Range<usize>> = (0..count)
+        .scan(range.start, |start, k| {
+            let len = base + usize::from(k < extra);
+            *start += len;
+            Some(*start - len..*start)
+        })
+        .collect();
+    let decode =
+        |part: &std::ops::Range<usize>| model.decode(&problem.shard(part.clone()), options).actions;
     #[cfg(feature = "flex")]
     {
         use rayon::prelude::*;
         let at_once = rayon::current_num_threads().max(1);
-        starts
+        parts
             .chunks(at_once)
-            .flat_map(|round| round.par_iter().map(|&s| decode(s)).collect::<Vec<_>>())
+            .flat_map(|round| round.par_iter().map(decode).collect::<Vec<_>>())
             .collect()
     }
     #[cfg(not(feature = "flex"))]
-    starts.into_iter().map(decode).collect()
+    parts.iter().map(decode).collect()
 }
 
 /// The steps before which a decode reads "all finished?" from the device.
