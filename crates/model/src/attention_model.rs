@@ -178,7 +178,7 @@ impl AttentionModel {
             .reshape([b * n, d])
             .matmul(out_weight_t)
             .reshape([b, n, d]); // [B, N, d]
-        let fused = self.step_kernel == StepKernel::Fused && fused_on(&device);
+        let fused = self.step_kernel == StepKernel::Fused && fused_on(&device, n);
         let by_feature =
             fused.then(|| keys_by_feature(&glimpse_keys, &glimpse_values, &logit_keys));
         Precomputed {
@@ -486,16 +486,12 @@ mod tests {
 
     /// The step's log-probabilities and the gradients of its four float inputs, from the
     /// fused op or the op-by-op form, on the same inputs and the same upstream gradient.
-    fn step_and_grads(case: &StepCase, fused: bool) -> Vec<Vec<f32>> {
-        let device = Backend::default_compiled()
-            .unwrap()
-            .device()
-            .unwrap()
-            .autodiff();
+    fn step_and_grads(device: &Device, case: &StepCase, fused: bool) -> Vec<Vec<f32>> {
         assert!(
-            fused_on(&device),
+            fused_on(device, case.n),
             "the tests run where the fused step exists"
         );
+        let device = device.clone();
         let model = small_model(&device);
         let (b, s, n, heads, dk) = (case.b, case.s, case.n, case.heads, case.head_dim);
         let d = heads * dk;
@@ -581,8 +577,13 @@ mod tests {
     }
 
     fn assert_fused_matches_op_by_op(case: StepCase) {
-        let fused = step_and_grads(&case, true);
-        let reference = step_and_grads(&case, false);
+        let device = Backend::default_compiled().unwrap().device().unwrap();
+        assert_fused_matches_op_by_op_on(&device.autodiff(), case);
+    }
+
+    fn assert_fused_matches_op_by_op_on(device: &Device, case: StepCase) {
+        let fused = step_and_grads(device, &case, true);
+        let reference = step_and_grads(device, &case, false);
         let names = [
             "log-probabilities",
             "query gradient",
@@ -632,6 +633,34 @@ mod tests {
             head_dim: 16,
             temperature: 1.0,
         });
+    }
+
+    /// The CubeCL kernels on CubeCL's CPU runtime against the op-by-op form on the same
+    /// device, log-probabilities and every input's gradient: every mask kind, one and
+    /// several rollouts an instance, a temperature, the shipped models' head size, and more
+    /// nodes (101) and scores (808) than a cube has units. Runs where the `cpu` feature is
+    /// built (with `cargo xtask build-cuda`'s LLVM); CI only type-checks it.
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_step_matches_op_by_op_on_cubecl_cpu() {
+        let device = Backend::Cpu.device().unwrap();
+        let cases = [
+            (8, 1, 7, 4, 4, 1.0),
+            (3, 5, 6, 4, 4, 0.7),
+            (2, 7, 21, 8, 16, 1.0),
+            (2, 3, 101, 8, 16, 1.0),
+        ];
+        for (b, s, n, heads, head_dim, temperature) in cases {
+            let case = StepCase {
+                b,
+                s,
+                n,
+                heads,
+                head_dim,
+                temperature,
+            };
+            assert_fused_matches_op_by_op_on(&device.clone().autodiff(), case);
+        }
     }
 
     /// A multi-start step reads each instance's keys for its S rollouts; the same step on

@@ -9,11 +9,14 @@
 //! across cores by instance.
 //!
 //! One signature, one implementation per backend: flex's is plain Rust
-//! ([`flex_kernel`]); a backend without one (ndarray, CUDA) runs the op-by-op form in
-//! `AttentionModel`, which stays the reference the tests compare against. A CubeCL
-//! implementation goes beside flex's: an `impl DecoderStepBackend for CubeBackend`, the
-//! backend listed in the `backend_extension` attribute, and [`fused_on`] told about it.
+//! ([`flex_kernel`]); CubeCL's (CUDA and the CPU runtime) is a kernel for the forward pass
+//! and one for the backward ([`cube_kernel`]), the latter its own operation
+//! ([`DecoderStepGradsBackend`]) so that Fusion can queue it. Elsewhere (ndarray) the
+//! op-by-op form in `AttentionModel` runs; it stays the reference the tests compare
+//! against.
 
+#[cfg(any(feature = "cuda", feature = "cpu"))]
+mod cube_kernel;
 #[cfg(feature = "flex")]
 mod flex_kernel;
 
@@ -30,22 +33,25 @@ pub enum StepKernel {
     OpByOp,
 }
 
-/// Whether the fused step runs on `device` (flex, with or without autodiff).
-pub fn fused_on(device: &Device) -> bool {
-    #[cfg(feature = "flex")]
-    {
-        use burn::backend::DispatchDevice;
-        match device.as_dispatch() {
+/// Whether the fused step runs on `device` for instances of `nodes` nodes, with or
+/// without autodiff: on flex, and on CubeCL devices up to the kernel's node count.
+pub fn fused_on(device: &Device, nodes: usize) -> bool {
+    use burn::backend::DispatchDevice;
+    fn has_kernel(device: &DispatchDevice, nodes: usize) -> bool {
+        let _ = nodes;
+        match device {
+            #[cfg(feature = "flex")]
             DispatchDevice::Flex(_) => true,
-            DispatchDevice::Autodiff(inner) => matches!(**inner, DispatchDevice::Flex(_)),
+            #[cfg(any(feature = "cuda", feature = "cpu"))]
+            DispatchDevice::Cube(_) => nodes <= cube_kernel::MAX_NODES,
             #[allow(unreachable_patterns)]
             _ => false,
         }
     }
-    #[cfg(not(feature = "flex"))]
-    {
-        let _ = device;
-        false
+    match device.as_dispatch() {
+        #[cfg(feature = "autodiff")]
+        DispatchDevice::Autodiff(inner) => has_kernel(inner, nodes),
+        other => has_kernel(other, nodes),
     }
 }
 
@@ -87,7 +93,7 @@ pub(crate) fn keys_by_feature(
 ///   `[B, N, H, dk]`, `logit_keys`: `[B, N, d]`, `by_feature`: [`keys_by_feature`] of
 ///   those three, `mask`: `[B × S, N]` (true = masked)
 /// - output: `[B × S, N]` log-probabilities, −∞ at masked nodes
-#[cfg(feature = "flex")]
+#[cfg(any(feature = "flex", feature = "cuda", feature = "cpu"))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fused_step(
     query: Tensor<3>,
@@ -113,7 +119,7 @@ pub(crate) fn fused_step(
     Tensor::from_dispatch(out)
 }
 
-#[cfg(not(feature = "flex"))]
+#[cfg(not(any(feature = "flex", feature = "cuda", feature = "cpu")))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fused_step(
     _query: Tensor<3>,
@@ -128,27 +134,27 @@ pub(crate) fn fused_step(
     unreachable!("no backend with a fused decoder step is compiled in; check `fused_on` first")
 }
 
-#[cfg(feature = "flex")]
-pub use flex_impl::DecoderStepBackend;
+#[cfg(any(feature = "flex", feature = "cuda", feature = "cpu"))]
+pub use extension::DecoderStepBackend;
 
-#[cfg(feature = "flex")]
-mod flex_impl {
-    use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
-    use burn::backend::autodiff::grads::Gradients;
-    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-    use burn::backend::autodiff::Autodiff;
+#[cfg(any(feature = "flex", feature = "cuda", feature = "cpu"))]
+mod extension {
+    use burn::backend::backend_extension;
     use burn::backend::tensor::{BoolTensor, FloatTensor};
-    use burn::backend::{backend_extension, DType, Flex};
+    #[allow(unused_imports)] // in the Fusion metadata, when a CubeCL backend is compiled in
     use burn::tensor::Shape;
-    use burn_flex::{FlexTensor, Layout};
-
-    use super::flex_kernel::{self, Dims, Inputs, Saved, Scale};
 
     /// The decoder step as a backend operation.
-    #[backend_extension(Autodiff, Flex)]
+    #[backend_extension(
+        Autodiff: cfg(feature = "autodiff"),
+        Flex: cfg(feature = "flex"),
+        Cube: cfg(any(feature = "cuda", feature = "cpu")),
+        Fusion: cfg(any(feature = "cuda", feature = "cpu"))
+    )]
     pub trait DecoderStepBackend: burn::backend::Backend {
         /// See [`super::fused_step`].
         #[allow(clippy::too_many_arguments)]
+        #[fusion(dtype = query, shape = Shape::new([query[0] * query[1], glimpse_keys[1]]))]
         fn decoder_step(
             query: FloatTensor<Self>,
             glimpse_keys: FloatTensor<Self>,
@@ -160,6 +166,241 @@ mod flex_impl {
             temperature: f32,
         ) -> FloatTensor<Self>;
     }
+}
+
+#[cfg(any(feature = "cuda", feature = "cpu"))]
+pub use cube_impl::DecoderStepGradsBackend;
+
+#[cfg(any(feature = "cuda", feature = "cpu"))]
+mod cube_impl {
+    use burn::backend::backend_extension;
+    use burn::backend::tensor::{BoolTensor, FloatTensor};
+    use burn::backend::TensorMetadata;
+    #[allow(unused_imports)] // in the Fusion metadata
+    use burn::tensor::Shape;
+    use burn_cubecl::CubeBackend;
+
+    use super::{cube_kernel, DecoderStepBackend};
+
+    /// The step's backward pass on CubeCL, as its own operation: what the autodiff
+    /// backward of [`DecoderStepBackend::decoder_step`] runs there.
+    #[backend_extension(Cube, Fusion)]
+    pub trait DecoderStepGradsBackend: burn::backend::Backend {
+        /// The gradients of the query `[B, S, d]`, glimpse keys, glimpse values and logit
+        /// keys (node-major, `[B, N, d]`) from the log-probabilities' gradient `grad_out`.
+        #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+        #[fusion(meta = grads_metadata)]
+        fn decoder_step_grads(
+            query: FloatTensor<Self>,
+            by_feature: FloatTensor<Self>,
+            mask: BoolTensor<Self>,
+            log_probs: FloatTensor<Self>,
+            grad_out: FloatTensor<Self>,
+            heads: usize,
+            nodes: usize,
+            tanh_clipping: f32,
+            temperature: f32,
+        ) -> (
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn grads_metadata(
+        query: &burn::backend::fusion::custom::TensorSpec,
+        _by_feature: &burn::backend::fusion::custom::TensorSpec,
+        _mask: &burn::backend::fusion::custom::TensorSpec,
+        _log_probs: &burn::backend::fusion::custom::TensorSpec,
+        _grad_out: &burn::backend::fusion::custom::TensorSpec,
+        _heads: &usize,
+        nodes: &usize,
+        _tanh_clipping: &f32,
+        _temperature: &f32,
+    ) -> (
+        burn::backend::fusion::custom::TensorSpec,
+        burn::backend::fusion::custom::TensorSpec,
+        burn::backend::fusion::custom::TensorSpec,
+        burn::backend::fusion::custom::TensorSpec,
+    ) {
+        use burn::backend::fusion::custom::TensorSpec;
+        let [b, _, d] = query.shape.dims::<3>();
+        let node_major = || TensorSpec::new(Shape::new([b, *nodes, d]), query.dtype);
+        let query = TensorSpec::new(query.shape.clone(), query.dtype);
+        (query, node_major(), node_major(), node_major())
+    }
+
+    impl DecoderStepBackend for CubeBackend {
+        fn decoder_step(
+            query: FloatTensor<Self>,
+            glimpse_keys: FloatTensor<Self>,
+            _glimpse_values: FloatTensor<Self>,
+            _logit_keys: FloatTensor<Self>,
+            by_feature: FloatTensor<Self>,
+            mask: BoolTensor<Self>,
+            tanh_clipping: f32,
+            temperature: f32,
+        ) -> FloatTensor<Self> {
+            let [_, nodes, heads, _] = glimpse_keys.shape().dims::<4>();
+            let sizes = (heads, nodes);
+            cube_kernel::forward(query, by_feature, mask, sizes, (tanh_clipping, temperature))
+        }
+    }
+
+    impl DecoderStepGradsBackend for CubeBackend {
+        fn decoder_step_grads(
+            query: FloatTensor<Self>,
+            by_feature: FloatTensor<Self>,
+            mask: BoolTensor<Self>,
+            log_probs: FloatTensor<Self>,
+            grad_out: FloatTensor<Self>,
+            heads: usize,
+            nodes: usize,
+            tanh_clipping: f32,
+            temperature: f32,
+        ) -> (
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+        ) {
+            let inputs = [query, by_feature, mask, log_probs, grad_out];
+            let scale = (tanh_clipping, temperature);
+            let [q, k, v, l] = cube_kernel::backward(inputs, (heads, nodes), scale);
+            (q, k, v, l)
+        }
+    }
+
+    #[cfg(feature = "autodiff")]
+    mod autodiff {
+        use burn::backend::autodiff::checkpoint::{
+            base::Checkpointer, strategy::CheckpointStrategy,
+        };
+        use burn::backend::autodiff::grads::Gradients;
+        use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+        use burn::backend::autodiff::Autodiff;
+        use burn::backend::ops::FloatTensorOps;
+        use burn::backend::tensor::{BoolTensor, FloatTensor};
+        use burn::backend::{Cube, TensorMetadata};
+        use burn::tensor::Shape;
+
+        use super::{DecoderStepBackend, DecoderStepGradsBackend};
+
+        /// What the backward pass reads: the query, the keys by feature, the mask, the
+        /// output, the four float inputs' shapes and `(tanh_clipping, temperature)`.
+        type State = (
+            [FloatTensor<Cube>; 3],
+            BoolTensor<Cube>,
+            [Shape; 4],
+            (f32, f32),
+        );
+
+        #[derive(Debug)]
+        struct CubeStepBackward;
+
+        impl Backward<Cube, 4> for CubeStepBackward {
+            type State = State;
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 4>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let ([query, by_feature, log_probs], mask, shapes, (clip, temperature)) = ops.state;
+                let grad_out = grads.consume::<Cube>(&ops.node);
+                let [_, nodes, heads, _] = shapes[1].dims::<4>();
+                let (q, k, v, l) = Cube::decoder_step_grads(
+                    query,
+                    by_feature,
+                    mask,
+                    log_probs,
+                    grad_out,
+                    heads,
+                    nodes,
+                    clip,
+                    temperature,
+                );
+                let values = [q, k, v, l];
+                for ((parent, grad), shape) in ops.parents.into_iter().zip(values).zip(shapes) {
+                    if let Some(node) = parent {
+                        grads.register::<Cube>(node.id, Cube::float_reshape(grad, shape));
+                    }
+                }
+            }
+        }
+
+        impl<C: CheckpointStrategy> DecoderStepBackend for Autodiff<Cube, C> {
+            fn decoder_step(
+                query: FloatTensor<Self>,
+                glimpse_keys: FloatTensor<Self>,
+                glimpse_values: FloatTensor<Self>,
+                logit_keys: FloatTensor<Self>,
+                by_feature: FloatTensor<Self>,
+                mask: BoolTensor<Self>,
+                tanh_clipping: f32,
+                temperature: f32,
+            ) -> FloatTensor<Self> {
+                let shapes = [
+                    query.shape(),
+                    glimpse_keys.shape(),
+                    glimpse_values.shape(),
+                    logit_keys.shape(),
+                ];
+                let nodes = [
+                    query.node(),
+                    glimpse_keys.node(),
+                    glimpse_values.node(),
+                    logit_keys.node(),
+                ];
+                let query = query.into_primitive();
+                let by_feature = by_feature.into_primitive();
+                let log_probs = Cube::decoder_step(
+                    query.clone(),
+                    glimpse_keys.into_primitive(),
+                    glimpse_values.into_primitive(),
+                    logit_keys.into_primitive(),
+                    by_feature.clone(),
+                    mask.clone(),
+                    tanh_clipping,
+                    temperature,
+                );
+                match CubeStepBackward
+                    .prepare::<C>(nodes)
+                    .compute_bound()
+                    .stateful()
+                {
+                    OpsKind::Tracked(prep) => {
+                        let state = (
+                            [query, by_feature, log_probs.clone()],
+                            mask,
+                            shapes,
+                            (tanh_clipping, temperature),
+                        );
+                        prep.finish(state, log_probs)
+                    }
+                    OpsKind::UnTracked(prep) => prep.finish(log_probs),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(feature = "flex")]
+mod flex_impl {
+    use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
+    use burn::backend::autodiff::grads::Gradients;
+    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+    use burn::backend::autodiff::Autodiff;
+    use burn::backend::tensor::{BoolTensor, FloatTensor};
+    use burn::backend::{DType, Flex};
+    use burn::tensor::Shape;
+    use burn_flex::{FlexTensor, Layout};
+
+    use super::flex_kernel::{self, Dims, Inputs, Saved, Scale};
+    use super::DecoderStepBackend;
 
     /// The step's inputs as contiguous flex tensors, kept for the backward pass.
     #[derive(Debug, Clone)]
