@@ -24,39 +24,87 @@ const BUNDLER_DIR: &str = "tracel/tracel-llvm-23.1.0-4";
 /// cudarc's bindings for a CUDA 13.0 driver (its default, 13.4, needs a newer one).
 const CUDA_VERSION: &str = "13000";
 
+/// The features of the bundle's `routeburn-trainer`; `test_cpu` builds with the same
+/// ones, so the two share every compiled dependency.
+const FEATURES: &str = "cuda,cpu,ndarray";
+
 pub fn build_cuda(root: &Path) -> Result<PathBuf, String> {
     let start = Instant::now();
-    let work = root.join("target/cuda-build");
-    let llvm = fetch_llvm(&work)?;
-    let xdg = work.join("xdg");
-    let install = xdg.join(BUNDLER_DIR);
-    std::fs::create_dir_all(install.parent().unwrap()).map_err(io(&install))?;
-    let _ = std::fs::remove_file(&install);
-    std::os::unix::fs::symlink(&llvm, &install).map_err(io(&install))?;
-
     eprintln!(
         "build-cuda: building routeburn with cuda, cpu (CubeCL's CPU runtime), flex and ndarray (about an hour on one core)"
     );
     let target_dir = root.join("target/cuda");
-    let ok = Command::new(env!("CARGO"))
-        .current_dir(root)
+    let ok = cargo_with_llvm(root)?
         .args(["build", "--release", "--locked", "-p", "routeburn-trainer"])
-        .args(["--features", "cuda,cpu,ndarray"])
-        .env("XDG_DATA_HOME", &xdg)
-        .env("CUDARC_CUDA_VERSION", CUDA_VERSION)
-        .env("CARGO_TARGET_DIR", &target_dir)
+        .args(["--features", FEATURES])
         .status()
         .map_err(|e| format!("cargo: {e}"))?
         .success();
     if !ok {
         return Err("the CUDA build failed (see above)".into());
     }
-    let bundle = pack(root, &target_dir.join("release/routeburn"), &work)?;
+    let bundle = pack(root, &target_dir.join("release/routeburn"), &work_dir(root))?;
     eprintln!(
         "build-cuda: done in {:.1} min",
         start.elapsed().as_secs_f64() / 60.0
     );
     Ok(bundle)
+}
+
+/// `cargo xtask test-cpu [filter]`: the model crate's tests (by default those of the
+/// CubeCL kernels, `cube`) on CubeCL's CPU runtime, built in the bundle's environment and
+/// target directory with its features, so only the model and trainer crates compile again.
+/// A `cargo test --features cpu` outside it changes build-script inputs and rebuilds
+/// CubeCL's LLVM crates (25 minutes here), and the next `build-cuda` rebuilds them back.
+pub fn test_cpu(root: &Path, filter: &[String]) -> Result<(), String> {
+    let qualified: Vec<String> = FEATURES
+        .split(',')
+        .map(|f| format!("routeburn-trainer/{f}"))
+        .collect();
+    let filter: Vec<String> = if filter.is_empty() {
+        vec!["cube".into()]
+    } else {
+        filter.to_vec()
+    };
+    // The trainer is selected too (its lib tests filtered out by the same name) so that
+    // features unify as in the bundle's build.
+    let ok = cargo_with_llvm(root)?
+        .args(["test", "--release", "--locked", "--lib"])
+        .args(["-p", "routeburn-model", "-p", "routeburn-trainer"])
+        .args(["--features", &qualified.join(",")])
+        .arg("--")
+        .args(&filter)
+        .status()
+        .map_err(|e| format!("cargo: {e}"))?
+        .success();
+    if ok {
+        Ok(())
+    } else {
+        Err("tests failed (see above)".into())
+    }
+}
+
+fn work_dir(root: &Path) -> PathBuf {
+    root.join("target/cuda-build")
+}
+
+/// `cargo`, in the root, with the LLVM install the bundler looks for, cudarc's CUDA
+/// version and the bundle's target directory.
+fn cargo_with_llvm(root: &Path) -> Result<Command, String> {
+    let work = work_dir(root);
+    let llvm = fetch_llvm(&work)?;
+    let xdg = work.join("xdg");
+    let install = xdg.join(BUNDLER_DIR);
+    std::fs::create_dir_all(install.parent().unwrap()).map_err(io(&install))?;
+    let _ = std::fs::remove_file(&install);
+    std::os::unix::fs::symlink(&llvm, &install).map_err(io(&install))?;
+    let mut cargo = Command::new(env!("CARGO"));
+    cargo
+        .current_dir(root)
+        .env("XDG_DATA_HOME", &xdg)
+        .env("CUDARC_CUDA_VERSION", CUDA_VERSION)
+        .env("CARGO_TARGET_DIR", root.join("target/cuda"));
+    Ok(cargo)
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> String + '_ {

@@ -3,6 +3,8 @@
 //! - `cargo xtask test`: the test suite (`cargo test --workspace`).
 //! - `cargo xtask ci`: what `.ci/run` runs (fmt, clippy, tests, CUDA type-check).
 //! - `cargo xtask build-cuda`: the CUDA build as a bundle (see `build_cuda.rs`).
+//! - `cargo xtask test-cpu [filter]`: the CubeCL kernels' tests on CubeCL's CPU runtime,
+//!   in `build-cuda`'s environment (see `build_cuda.rs`).
 //! - `cargo xtask bench [criterion args]`: every bench, on every CPU backend, then one
 //!   table of the results.
 //! - `cargo xtask compare-backends [--config FILE] [--steps K]`: builds routeburn with
@@ -35,17 +37,20 @@ fn main() -> ExitCode {
     let ok = match task.as_str() {
         "test" => cargo(&["test", "--workspace"], rest),
         "ci" => ci(),
-        "build-cuda" => match build_cuda::build_cuda(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .parent()
-                .unwrap(),
-        ) {
+        "build-cuda" => match build_cuda::build_cuda(&root()) {
             Ok(archive) => {
                 println!("{}", archive.display());
                 true
             }
             Err(e) => {
                 eprintln!("xtask build-cuda: {e}");
+                false
+            }
+        },
+        "test-cpu" => match build_cuda::test_cpu(&root(), rest) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("xtask test-cpu: {e}");
                 false
             }
         },
@@ -70,9 +75,18 @@ tasks:
   ci                   run what CI runs: fmt, clippy, tests, CUDA type-check
   build-cuda           routeburn with CUDA (and the CPU backends), built offline but for the
                        package registries, packed with gpu-check; prints the archive's path
+  test-cpu [filter]    the CubeCL kernels' tests on CubeCL's CPU runtime, built like build-cuda
   bench [args]         run every criterion bench on every CPU backend, print one table
   compare-backends     same seed, config and weights on every backend: time, memory, agreement
   <routeburn command>  build routeburn in release mode and run it: train, gen, check, ...";
+
+/// The workspace root (xtask's parent directory).
+fn root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
 
 /// Removes `--backend X` / `--backend=X` from `args` and returns X, checked.
 fn take_backend(args: &mut Vec<String>) -> Result<Option<String>, String> {

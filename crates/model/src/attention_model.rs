@@ -151,7 +151,8 @@ impl AttentionModel {
             .forward(graph_embedding)
             .reshape([b, 1, d]); // [B, 1, d]
         let projected = per_node(&self.project_node_embeddings, node_embeddings.clone()); // [B, N, 3d]
-                                                                                          // The keys are scaled here once rather than the compatibilities at every step.
+
+        // The keys are scaled here once rather than the compatibilities at every step.
         let glimpse_keys = projected
             .clone()
             .slice_dim(2, 0..d)
@@ -178,7 +179,7 @@ impl AttentionModel {
             .reshape([b * n, d])
             .matmul(out_weight_t)
             .reshape([b, n, d]); // [B, N, d]
-        let fused = self.step_kernel == StepKernel::Fused && fused_on(&device, n);
+        let fused = self.step_kernel == StepKernel::Fused && fused_on(&device, n, heads, d);
         let by_feature =
             fused.then(|| keys_by_feature(&glimpse_keys, &glimpse_values, &logit_keys));
         Precomputed {
@@ -488,7 +489,7 @@ mod tests {
     /// fused op or the op-by-op form, on the same inputs and the same upstream gradient.
     fn step_and_grads(device: &Device, case: &StepCase, fused: bool) -> Vec<Vec<f32>> {
         assert!(
-            fused_on(device, case.n),
+            fused_on(device, case.n, case.heads, case.heads * case.head_dim),
             "the tests run where the fused step exists"
         );
         let device = device.clone();

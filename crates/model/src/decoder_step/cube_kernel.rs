@@ -46,10 +46,19 @@ fn cube_dim(client: &cubecl::client::Client, units: u32) -> CubeDim {
     )
 }
 
-/// The most nodes the kernel takes (depot included): its shared memory is `(H + 1)·Np + d +
-/// 2H + 2` floats, 34 KB at H = 8 and 1024 nodes, under the 48 KB a CUDA block gets by
-/// default.
-pub(crate) const MAX_NODES: usize = 1024;
+/// Static shared memory a CUDA block gets (48 KiB), in f32s.
+const SHARED_FLOATS: usize = 12 * 1024;
+
+/// Whether a step of `nodes` nodes (depot included), `heads` heads and `d` features fits the
+/// kernels' shared memory: the forward's `H·Np + Np + d + 1` floats, and with `training`
+/// the backward's `2H·Np + Np + 2d + H + 1` (Np = `nodes` rounded up to 8). At H = 8 and
+/// d = 128 that is up to 1,344 nodes for inference and 704 for training.
+pub(crate) fn fits(nodes: usize, heads: usize, d: usize, training: bool) -> bool {
+    let padded_nodes = nodes.div_ceil(8) * 8;
+    let forward = heads * padded_nodes + padded_nodes + d + 1;
+    let backward = 2 * heads * padded_nodes + padded_nodes + 2 * d + heads + 1;
+    forward.max(if training { backward } else { 0 }) <= SHARED_FLOATS
+}
 
 /// The step's forward pass on a CubeCL device.
 ///
@@ -69,8 +78,8 @@ pub(crate) fn forward(
     let [b, s, d] = query.meta.shape().dims::<3>();
     let padded_nodes = by_feature.meta.shape().dims::<3>()[2];
     assert!(
-        nodes <= MAX_NODES && d % heads == 0,
-        "the CubeCL decoder step takes up to {MAX_NODES} nodes (got {nodes})"
+        fits(nodes, heads, d, false) && d % heads == 0,
+        "the CubeCL decoder step's shared memory does not hold {nodes} nodes"
     );
     let rows = b * s;
     let (float, boolean) = (query.dtype, mask.dtype);
@@ -100,6 +109,160 @@ pub(crate) fn forward(
     output
 }
 
+/// Where a row's query, its instance's keys by feature and the row's mask sit (element
+/// offsets and strides), and the instance's node count.
+#[derive(CubeType, Clone)]
+struct RowAt {
+    query: usize,
+    query_feature: usize,
+    keys: usize,
+    key_feature: usize,
+    key_node: usize,
+    mask: usize,
+    mask_node: usize,
+    nodes: usize,
+}
+
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn row_at<F: Float, M: Int>(
+    query: &Tensor<F>,
+    by_feature: &Tensor<F>,
+    mask: &Tensor<M>,
+    instance: usize,
+    start: usize,
+    row: usize,
+    nodes: usize,
+) -> RowAt {
+    RowAt {
+        query: instance * query.stride(0) + start * query.stride(1),
+        query_feature: query.stride(2),
+        keys: instance * by_feature.stride(0),
+        key_feature: by_feature.stride(1),
+        key_node: by_feature.stride(2),
+        mask: row * mask.stride(0),
+        mask_node: mask.stride(1),
+        nodes,
+    }
+}
+
+#[cube]
+fn is_open<M: Int>(mask: &Tensor<M>, at: &RowAt, node: usize) -> bool {
+    u32::cast_from(mask[at.mask + node * at.mask_node]) == 0u32
+}
+
+/// `Σ_node weights[from + node] · by_feature[row, node]`: a product with one feature row of
+/// the keys by feature (glimpse keys at rows 0..d, logit keys d..2d, values 2d..3d).
+#[cube]
+fn over_nodes<F: Float>(
+    weights: &Shared<[F]>,
+    from: usize,
+    by_feature: &Tensor<F>,
+    row: usize,
+    at: &RowAt,
+) -> F {
+    let keys = at.keys + row * at.key_feature;
+    let mut sum = F::new(0.0);
+    for node in 0..at.nodes {
+        sum += weights[from + node] * by_feature[keys + node * at.key_node];
+    }
+    sum
+}
+
+/// `Σ_j vector[from + j] · by_feature[row + j, node]` for j < `count`: a product with one
+/// node's key, over `count` features from feature row `row`.
+#[cube]
+fn over_features<F: Float>(
+    vector: &Shared<[F]>,
+    from: usize,
+    by_feature: &Tensor<F>,
+    row: usize,
+    node: usize,
+    at: &RowAt,
+    #[comptime] count: usize,
+) -> F {
+    let keys = at.keys + row * at.key_feature + node * at.key_node;
+    let mut sum = F::new(0.0);
+    for j in 0..count {
+        sum += vector[from + j] * by_feature[keys + j * at.key_feature];
+    }
+    sum
+}
+
+/// The row's attention, by (head, node): the query's scores against the glimpse keys, then
+/// each head's softmax over the open nodes (0 at masked ones); then the glimpse, by
+/// feature. Ends at a barrier, so every unit may read both.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn attend<F: Float, M: Int>(
+    query: &Tensor<F>,
+    by_feature: &Tensor<F>,
+    mask: &Tensor<M>,
+    at: &RowAt,
+    attention: &mut Shared<[F]>,
+    glimpse: &mut Shared<[F]>,
+    #[comptime] heads: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] padded_nodes: usize,
+) {
+    let d = heads * head_dim;
+    let nodes = at.nodes;
+    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
+    let mut i = unit;
+    while i < heads * nodes {
+        let head = i / nodes;
+        let node = i % nodes;
+        let mut score = F::new(0.0);
+        for j in 0..head_dim {
+            let f = head * head_dim + j;
+            let key = by_feature[at.keys + f * at.key_feature + node * at.key_node];
+            score += query[at.query + f * at.query_feature] * key;
+        }
+        attention[head * padded_nodes + node] = score;
+        i += units;
+    }
+    sync_cube();
+
+    // Heads by unit, in turn where a cube has fewer units than heads.
+    let mut head = unit;
+    while head < heads {
+        let from = head * padded_nodes;
+        let mut max = F::new(-3.0e38);
+        for node in 0..nodes {
+            if is_open(mask, at, node) {
+                max = F::max(max, attention[from + node]);
+            }
+        }
+        let mut sum = F::new(0.0);
+        for node in 0..nodes {
+            let mut w = F::new(0.0);
+            if is_open(mask, at, node) {
+                w = F::exp(attention[from + node] - max);
+            }
+            attention[from + node] = w;
+            sum += w;
+        }
+        for node in 0..nodes {
+            attention[from + node] /= sum;
+        }
+        head += units;
+    }
+    sync_cube();
+
+    let mut f = unit;
+    while f < d {
+        glimpse[f] = over_nodes(
+            &*attention,
+            (f / head_dim) * padded_nodes,
+            by_feature,
+            2 * d + f,
+            at,
+        );
+        f += units;
+    }
+    sync_cube();
+}
+
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn decoder_step_kernel<F: Float, M: Int>(
@@ -118,87 +281,32 @@ fn decoder_step_kernel<F: Float, M: Int>(
 ) {
     let d = heads * head_dim;
     let nodes = node_count as usize;
+    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
     let row = CUBE_POS_X as usize;
-    let unit = UNIT_POS_X as usize;
-    let units = CUBE_DIM_X as usize;
-    let instance = row / starts as usize;
-    let start = row % starts as usize;
+    let (instance, start) = (row / starts as usize, row % starts as usize);
+    let at = row_at(query, by_feature, mask, instance, start, row, nodes);
 
-    let q = instance * query.stride(0) + start * query.stride(1);
-    let q_feature = query.stride(2);
-    let keys = instance * by_feature.stride(0);
-    let (k_feature, k_node) = (by_feature.stride(1), by_feature.stride(2));
-    let m = row * mask.stride(0);
-    let m_node = mask.stride(1);
-
-    // Scores, then unnormalised attention weights, by (head, node).
-    let mut weights = Shared::new_slice(heads * padded_nodes);
+    let mut attention = Shared::new_slice(heads * padded_nodes);
     let mut glimpse = Shared::new_slice(d);
     let mut logits = Shared::new_slice(padded_nodes);
-    // Each head's sum of weights, then the row's log-sum-exp at `heads`.
-    let mut sums = Shared::new_slice(heads + 1);
+    let mut log_sum = Shared::new_slice(1usize);
+    attend(
+        query,
+        by_feature,
+        mask,
+        &at,
+        &mut attention,
+        &mut glimpse,
+        heads,
+        head_dim,
+        padded_nodes,
+    );
 
-    let mut i = unit;
-    while i < heads * nodes {
-        let head = i / nodes;
-        let node = i % nodes;
-        let mut score = F::new(0.0);
-        for j in 0..head_dim {
-            let f = head * head_dim + j;
-            score += query[q + f * q_feature] * by_feature[keys + f * k_feature + node * k_node];
-        }
-        weights[head * padded_nodes + node] = score;
-        i += units;
-    }
-    sync_cube();
-
-    // Heads by unit, in turn where a cube has fewer units than heads.
-    let mut head = unit;
-    while head < heads {
-        let at = head * padded_nodes;
-        let mut max = F::new(-3.0e38);
-        for node in 0..nodes {
-            if u32::cast_from(mask[m + node * m_node]) == 0u32 {
-                max = F::max(max, weights[at + node]);
-            }
-        }
-        let mut sum = F::new(0.0);
-        for node in 0..nodes {
-            let mut w = F::new(0.0);
-            if u32::cast_from(mask[m + node * m_node]) == 0u32 {
-                w = F::exp(weights[at + node] - max);
-            }
-            weights[at + node] = w;
-            sum += w;
-        }
-        sums[head] = sum;
-        head += units;
-    }
-    sync_cube();
-
-    // The heads' outputs, by feature: the values are rows 2d..3d of the keys by feature.
-    let mut f = unit;
-    while f < d {
-        let head = f / head_dim;
-        let at = head * padded_nodes;
-        let values = keys + (2 * d + f) * k_feature;
-        let mut g = F::new(0.0);
-        for node in 0..nodes {
-            g += weights[at + node] * by_feature[values + node * k_node];
-        }
-        glimpse[f] = g / sums[head];
-        f += units;
-    }
-    sync_cube();
-
-    // Single-head logits against the logit keys (rows d..2d), clipped.
+    // Single-head logits against the logit keys, clipped.
+    let scale = F::cast_from(tanh_clipping) / F::cast_from(temperature);
     let mut node = unit;
     while node < nodes {
-        let mut raw = F::new(0.0);
-        for f in 0..d {
-            raw += glimpse[f] * by_feature[keys + (d + f) * k_feature + node * k_node];
-        }
-        logits[node] = F::tanh(raw) * F::cast_from(tanh_clipping) / F::cast_from(temperature);
+        logits[node] = F::tanh(over_features(&glimpse, 0, by_feature, d, node, &at, d)) * scale;
         node += units;
     }
     sync_cube();
@@ -206,28 +314,26 @@ fn decoder_step_kernel<F: Float, M: Int>(
     if unit == 0 {
         let mut max = F::new(-3.0e38);
         for node in 0..nodes {
-            if u32::cast_from(mask[m + node * m_node]) == 0u32 {
+            if is_open(mask, &at, node) {
                 max = F::max(max, logits[node]);
             }
         }
         let mut sum = F::new(0.0);
         for node in 0..nodes {
-            if u32::cast_from(mask[m + node * m_node]) == 0u32 {
+            if is_open(mask, &at, node) {
                 sum += F::exp(logits[node] - max);
             }
         }
-        sums[heads] = max + F::ln(sum);
+        log_sum[0] = max + F::ln(sum);
     }
     sync_cube();
 
-    let log_sum = sums[heads];
-    let out = row * output.stride(0);
-    let out_node = output.stride(1);
+    let (out, out_node) = (row * output.stride(0), output.stride(1));
     let mut node = unit;
     while node < nodes {
         let mut log_p = F::new(f32::NEG_INFINITY);
-        if u32::cast_from(mask[m + node * m_node]) == 0u32 {
-            log_p = logits[node] - log_sum;
+        if is_open(mask, &at, node) {
+            log_p = logits[node] - log_sum[0];
         }
         output[out + node * out_node] = log_p;
         node += units;
@@ -290,6 +396,16 @@ pub(crate) fn backward(
     grads
 }
 
+/// `grad[index] = term` for a row's first start, `+= term` after.
+#[cube]
+fn add_term<F: Float>(grad: &mut Tensor<F>, index: usize, term: F, first: bool) {
+    if first {
+        grad[index] = term;
+    } else {
+        grad[index] += term;
+    }
+}
+
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn decoder_step_backward_kernel<F: Float, M: Int>(
@@ -312,105 +428,51 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
 ) {
     let d = heads * head_dim;
     let nodes = node_count as usize;
-    let rows = starts as usize;
     let instance = CUBE_POS_X as usize;
-    let unit = UNIT_POS_X as usize;
-    let units = CUBE_DIM_X as usize;
-    let keys = instance * by_feature.stride(0);
-    let (k_feature, k_node) = (by_feature.stride(1), by_feature.stride(2));
-    let (m_row, m_node) = (mask.stride(0), mask.stride(1));
+    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
     // The instance's node-major gradients, `[B, N, d]` contiguous.
     let node_major = instance * nodes * d;
 
-    // Attention weights, then their gradients, by (head, node); the glimpse and its
-    // gradient by feature; tanh and the raw logits' gradient by node.
+    // Attention weights and their gradients by (head, node), the glimpse and its gradient
+    // by feature, the raw logits' gradient by node; per-head dots, then Σg at `heads`.
     let mut attention = Shared::new_slice(heads * padded_nodes);
     let mut d_scores = Shared::new_slice(heads * padded_nodes);
     let mut glimpse = Shared::new_slice(d);
     let mut d_glimpse = Shared::new_slice(d);
-    let mut tanh = Shared::new_slice(padded_nodes);
     let mut d_raw = Shared::new_slice(padded_nodes);
     let mut sums = Shared::new_slice(heads + 1);
 
-    for start in 0..rows {
-        let row = instance * rows + start;
-        let q = instance * query.stride(0) + start * query.stride(1);
-        let q_feature = query.stride(2);
-        let m = row * m_row;
-
-        // The forward pass again: normalised attention weights, the glimpse, tanh.
-        let mut i = unit;
-        while i < heads * nodes {
-            let head = i / nodes;
-            let node = i % nodes;
-            let mut score = F::new(0.0);
-            for j in 0..head_dim {
-                let f = head * head_dim + j;
-                score +=
-                    query[q + f * q_feature] * by_feature[keys + f * k_feature + node * k_node];
-            }
-            attention[head * padded_nodes + node] = score;
-            i += units;
-        }
-        sync_cube();
-        // Heads by unit, then log_softmax's Σg over every entry (as the composed form
-        // takes it) as one more task.
-        let mut task = unit;
-        while task <= heads {
-            if task < heads {
-                let at = task * padded_nodes;
-                let mut max = F::new(-3.0e38);
-                for node in 0..nodes {
-                    if u32::cast_from(mask[m + node * m_node]) == 0u32 {
-                        max = F::max(max, attention[at + node]);
-                    }
-                }
-                let mut sum = F::new(0.0);
-                for node in 0..nodes {
-                    let mut w = F::new(0.0);
-                    if u32::cast_from(mask[m + node * m_node]) == 0u32 {
-                        w = F::exp(attention[at + node] - max);
-                    }
-                    attention[at + node] = w;
-                    sum += w;
-                }
-                for node in 0..nodes {
-                    attention[at + node] = attention[at + node] / sum;
-                }
-            } else {
-                let mut total = F::new(0.0);
-                for node in 0..nodes {
-                    total += grad_out[row * nodes + node];
-                }
-                sums[heads] = total;
-            }
-            task += units;
-        }
-        sync_cube();
-        let mut f = unit;
-        while f < d {
-            let at = (f / head_dim) * padded_nodes;
-            let values = keys + (2 * d + f) * k_feature;
-            let mut g = F::new(0.0);
+    for start in 0..starts as usize {
+        let row = instance * starts as usize + start;
+        let at = row_at(query, by_feature, mask, instance, start, row, nodes);
+        let first = start == 0;
+        // log_softmax's Σg over every entry, as the composed form takes it (read after
+        // `attend`'s barriers).
+        if unit == 0 {
+            let mut total = F::new(0.0);
             for node in 0..nodes {
-                g += attention[at + node] * by_feature[values + node * k_node];
+                total += grad_out[row * nodes + node];
             }
-            glimpse[f] = g;
-            f += units;
+            sums[heads] = total;
         }
-        sync_cube();
+        attend(
+            query,
+            by_feature,
+            mask,
+            &at,
+            &mut attention,
+            &mut glimpse,
+            heads,
+            head_dim,
+            padded_nodes,
+        );
 
         // log_softmax and tanh clipping: dz = g − p·Σg, d_raw = dz · C/T · (1 − tanh²).
         let mut node = unit;
         while node < nodes {
-            let mut raw = F::new(0.0);
-            for f in 0..d {
-                raw += glimpse[f] * by_feature[keys + (d + f) * k_feature + node * k_node];
-            }
-            let t = F::tanh(raw);
-            tanh[node] = t;
+            let t = F::tanh(over_features(&glimpse, 0, by_feature, d, node, &at, d));
             let mut grad = F::new(0.0);
-            if u32::cast_from(mask[m + node * m_node]) == 0u32 {
+            if is_open(mask, &at, node) {
                 let p = F::exp(log_probs[row * nodes + node]);
                 let dz = grad_out[row * nodes + node] - p * sums[heads];
                 grad = dz * F::cast_from(slope) * (F::new(1.0) - t * t);
@@ -423,22 +485,17 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
         // raw = glimpse · logit_keys[node]
         let mut f = unit;
         while f < d {
-            let logit_keys = keys + (d + f) * k_feature;
-            let mut g = F::new(0.0);
-            for node in 0..nodes {
-                g += d_raw[node] * by_feature[logit_keys + node * k_node];
-            }
-            d_glimpse[f] = g;
+            d_glimpse[f] = over_nodes(&d_raw, 0, by_feature, d + f, &at);
             f += units;
         }
         let mut i = unit;
         while i < nodes * d {
-            let term = d_raw[i / d] * glimpse[i % d];
-            if start == 0 {
-                d_logit_keys[node_major + i] = term;
-            } else {
-                d_logit_keys[node_major + i] += term;
-            }
+            add_term(
+                d_logit_keys,
+                node_major + i,
+                d_raw[i / d] * glimpse[i % d],
+                first,
+            );
             i += units;
         }
         sync_cube();
@@ -446,26 +503,24 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
         // glimpse = Σ_node attention · values
         let mut i = unit;
         while i < heads * nodes {
-            let head = i / nodes;
-            let node = i % nodes;
-            let mut g = F::new(0.0);
-            for j in 0..head_dim {
-                let f = head * head_dim + j;
-                g += d_glimpse[f] * by_feature[keys + (2 * d + f) * k_feature + node * k_node];
-            }
-            d_scores[head * padded_nodes + node] = g;
+            let (head, node) = (i / nodes, i % nodes);
+            let from = head * head_dim;
+            d_scores[head * padded_nodes + node] = over_features(
+                &d_glimpse,
+                from,
+                by_feature,
+                2 * d + from,
+                node,
+                &at,
+                head_dim,
+            );
             i += units;
         }
         let mut i = unit;
         while i < nodes * d {
-            let node = i / d;
-            let f = i % d;
+            let (node, f) = (i / d, i % d);
             let term = attention[(f / head_dim) * padded_nodes + node] * d_glimpse[f];
-            if start == 0 {
-                d_values[node_major + i] = term;
-            } else {
-                d_values[node_major + i] += term;
-            }
+            add_term(d_values, node_major + i, term, first);
             i += units;
         }
         sync_cube();
@@ -473,10 +528,10 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
         // softmax: d_score = a · (d_a − Σ a·d_a), per head
         let mut head = unit;
         while head < heads {
-            let at = head * padded_nodes;
+            let from = head * padded_nodes;
             let mut dot = F::new(0.0);
             for node in 0..nodes {
-                dot += attention[at + node] * d_scores[at + node];
+                dot += attention[from + node] * d_scores[from + node];
             }
             sums[head] = dot;
             head += units;
@@ -485,8 +540,8 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
         let mut i = unit;
         while i < heads * nodes {
             let head = i / nodes;
-            let at = head * padded_nodes + i % nodes;
-            d_scores[at] = attention[at] * (d_scores[at] - sums[head]);
+            let at_score = head * padded_nodes + i % nodes;
+            d_scores[at_score] = attention[at_score] * (d_scores[at_score] - sums[head]);
             i += units;
         }
         sync_cube();
@@ -494,24 +549,16 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
         // score = query_head · keys[node, head]
         let mut f = unit;
         while f < d {
-            let at = (f / head_dim) * padded_nodes;
-            let mut g = F::new(0.0);
-            for node in 0..nodes {
-                g += d_scores[at + node] * by_feature[keys + f * k_feature + node * k_node];
-            }
-            d_query[row * d + f] = g;
+            d_query[row * d + f] =
+                over_nodes(&d_scores, (f / head_dim) * padded_nodes, by_feature, f, &at);
             f += units;
         }
         let mut i = unit;
         while i < nodes * d {
-            let node = i / d;
-            let f = i % d;
-            let term = d_scores[(f / head_dim) * padded_nodes + node] * query[q + f * q_feature];
-            if start == 0 {
-                d_keys[node_major + i] = term;
-            } else {
-                d_keys[node_major + i] += term;
-            }
+            let (node, f) = (i / d, i % d);
+            let term = d_scores[(f / head_dim) * padded_nodes + node]
+                * query[at.query + f * at.query_feature];
+            add_term(d_keys, node_major + i, term, first);
             i += units;
         }
         sync_cube();

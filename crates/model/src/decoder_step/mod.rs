@@ -33,25 +33,27 @@ pub enum StepKernel {
     OpByOp,
 }
 
-/// Whether the fused step runs on `device` for instances of `nodes` nodes, with or
-/// without autodiff: on flex, and on CubeCL devices up to the kernel's node count.
-pub fn fused_on(device: &Device, nodes: usize) -> bool {
+/// Whether the fused step runs on `device` for instances of `nodes` nodes, `heads` heads
+/// and `d` features, with or without autodiff: on flex, and on CubeCL devices where the
+/// step (and with autodiff its backward) fits the kernel's shared memory.
+pub fn fused_on(device: &Device, nodes: usize, heads: usize, d: usize) -> bool {
     use burn::backend::DispatchDevice;
-    fn has_kernel(device: &DispatchDevice, nodes: usize) -> bool {
-        let _ = nodes;
+    fn has_kernel(device: &DispatchDevice, size: [usize; 3], training: bool) -> bool {
+        let _ = (size, training);
         match device {
             #[cfg(feature = "flex")]
             DispatchDevice::Flex(_) => true,
             #[cfg(any(feature = "cuda", feature = "cpu"))]
-            DispatchDevice::Cube(_) => nodes <= cube_kernel::MAX_NODES,
+            DispatchDevice::Cube(_) => cube_kernel::fits(size[0], size[1], size[2], training),
             #[allow(unreachable_patterns)]
             _ => false,
         }
     }
+    let size = [nodes, heads, d];
     match device.as_dispatch() {
         #[cfg(feature = "autodiff")]
-        DispatchDevice::Autodiff(inner) => has_kernel(inner, nodes),
-        other => has_kernel(other, nodes),
+        DispatchDevice::Autodiff(inner) => has_kernel(inner, size, true),
+        other => has_kernel(other, size, false),
     }
 }
 
