@@ -541,6 +541,7 @@ fn compare_backends_same_backend_agrees_exactly() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(message), "{args:?}: {stderr}");
     }
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// `solve` (greedy) one CVRPLIB instance (`SET/NAME`) with `checkpoint`, then `check` the

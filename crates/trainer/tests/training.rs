@@ -394,6 +394,7 @@ fn half_precision_needs_cuda() {
         err.contains("training.precision") && err.contains("cuda"),
         "{err}"
     );
+    assert!(!dir.exists(), "a refused run leaves no run directory");
 }
 
 #[test]

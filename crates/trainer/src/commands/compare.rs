@@ -114,12 +114,13 @@ pub fn run(args: CompareArgs) -> Result<ExitCode, TrainError> {
         ),
     };
     std::fs::create_dir_all(&work_dir).map_err(|e| TrainError::io(&work_dir, e))?;
-    if args.count_compiles {
+    let counting = match args.count_compiles {
         // Before any tensor exists: Burn and CubeCL read their configuration once.
-        cubecl_config::count_compiles_in(&work_dir.join(COUNTS_DIR))
-            .map_err(|e| TrainError::Input(format!("--count-compiles: {e}")))?;
-    }
-    let result = compare(&args, &backends, &config, config_dir, &work_dir);
+        true => cubecl_config::count_compiles_in(&work_dir.join(COUNTS_DIR))
+            .map_err(|e| TrainError::Input(format!("--count-compiles: {e}"))),
+        false => Ok(()),
+    };
+    let result = counting.and_then(|()| compare(&args, &backends, &config, config_dir, &work_dir));
     if remove_after {
         let _ = std::fs::remove_dir_all(&work_dir);
     }

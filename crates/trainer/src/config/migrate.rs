@@ -268,13 +268,17 @@ summary = true
 "#;
 
     fn load_run(text: &str) -> Config {
-        let dir = std::env::temp_dir().join(format!("routeburn-migrate-{}", std::process::id()));
+        // One directory per call: the tests run in parallel in one process.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("routeburn-migrate-{}-{call}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!("{}.toml", text.len()));
+        let path = dir.join("config.toml");
         std::fs::write(&path, text).unwrap();
-        let config = Config::load_run(&path).unwrap();
-        std::fs::remove_file(path).ok();
-        config
+        let config = Config::load_run(&path);
+        std::fs::remove_dir_all(&dir).ok();
+        config.unwrap()
     }
 
     #[test]

@@ -526,7 +526,9 @@ mod fuzz {
             std::fs::copy(kool20().join("args.json"), dir.join("args.json")).unwrap();
             std::fs::write(dir.join("m.pt"), &bytes).unwrap();
             let device = routeburn_model::Backend::default_compiled().unwrap().device().unwrap();
-            if let Err(e) = import(&dir.join("m.pt"), &device) {
+            let result = import(&dir.join("m.pt"), &device);
+            std::fs::remove_dir_all(&dir).ok();
+            if let Err(e) = result {
                 prop_assert!(e.to_string().contains("m.pt") || e.to_string().contains("args.json"), "{}", e);
             }
         }

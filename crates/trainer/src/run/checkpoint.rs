@@ -365,7 +365,9 @@ mod tests {
             std::fs::create_dir_all(&ckpt).unwrap();
             std::fs::write(dir.join("latest"), "epoch-0001").unwrap();
             std::fs::write(ckpt.join(STATE_FILE), &bytes).unwrap();
-            if let Err(e) = Checkpoints::new(&dir).latest() {
+            let result = Checkpoints::new(&dir).latest();
+            std::fs::remove_dir_all(&dir).ok();
+            if let Err(e) = result {
                 prop_assert!(e.to_string().contains("state.json"), "{}", e);
             }
         }

@@ -119,7 +119,14 @@ pub(crate) fn run<M: TrainingMethod>(mut opts: TrainOptions) -> Result<TrainSumm
     opts.config.training.shards = Some(resolve_shards(&opts));
     let t = &opts.config.training;
     let last_epoch = opts.stop_after_epochs.map_or(t.epochs, |s| s.min(t.epochs));
-    let mut run = Run::<M>::start(opts)?;
+    // A run refused before it trains (bad precision, a missing validation file, unreadable
+    // initial weights) leaves no directory behind that it made itself.
+    let (run_dir, made_here) = (opts.run_dir.clone(), !opts.run_dir.exists());
+    let mut run = Run::<M>::start(opts).inspect_err(|_| {
+        if made_here {
+            let _ = std::fs::remove_dir_all(&run_dir);
+        }
+    })?;
     let initial_validation = match run.opts.validate_initial && run.start_epoch == 0 {
         true => Some(run.validate_initial()?),
         false => None,
