@@ -9,8 +9,11 @@
 //!
 //! It reads the keys by feature (`[B, 3d, Np]`, the layout the model makes once per decode
 //! for flex): the units of a cube walk the nodes, so adjacent units read adjacent
-//! addresses. Sums run in f32 in node or feature order, as flex's do; the exponentials and
-//! tanh are the device's, so values agree with the op-by-op form to float rounding.
+//! addresses. Whatever the tensors' float type, products, sums, softmaxes and tanh run in
+//! f32 (a bf16 model's step accumulates as its matmuls do), sums in node or feature order as
+//! flex's; the exponentials and tanh are the device's, so values agree with the op-by-op
+//! form to float rounding. Only the backward's sum over an instance's rows is stored in
+//! the gradient's own type between rows.
 //!
 //! The backward kernel recomputes each row's forward pass rather than keeping its
 //! attention weights: one cube per instance walks the instance's rows, so the gradients of
@@ -155,16 +158,16 @@ fn is_open<M: Int>(mask: &Tensor<M>, at: &RowAt, node: usize) -> bool {
 /// the keys by feature (glimpse keys at rows 0..d, logit keys d..2d, values 2d..3d).
 #[cube]
 fn over_nodes<F: Float>(
-    weights: &Shared<[F]>,
+    weights: &Shared<[f32]>,
     from: usize,
     by_feature: &Tensor<F>,
     row: usize,
     at: &RowAt,
-) -> F {
+) -> f32 {
     let keys = at.keys + row * at.key_feature;
-    let mut sum = F::new(0.0);
+    let mut sum = f32::new(0.0);
     for node in 0..at.nodes {
-        sum += weights[from + node] * by_feature[keys + node * at.key_node];
+        sum += weights[from + node] * f32::cast_from(by_feature[keys + node * at.key_node]);
     }
     sum
 }
@@ -173,18 +176,18 @@ fn over_nodes<F: Float>(
 /// node's key, over `count` features from feature row `row`.
 #[cube]
 fn over_features<F: Float>(
-    vector: &Shared<[F]>,
+    vector: &Shared<[f32]>,
     from: usize,
     by_feature: &Tensor<F>,
     row: usize,
     node: usize,
     at: &RowAt,
     #[comptime] count: usize,
-) -> F {
+) -> f32 {
     let keys = at.keys + row * at.key_feature + node * at.key_node;
-    let mut sum = F::new(0.0);
+    let mut sum = f32::new(0.0);
     for j in 0..count {
-        sum += vector[from + j] * by_feature[keys + j * at.key_feature];
+        sum += vector[from + j] * f32::cast_from(by_feature[keys + j * at.key_feature]);
     }
     sum
 }
@@ -199,8 +202,8 @@ fn attend<F: Float, M: Int>(
     by_feature: &Tensor<F>,
     mask: &Tensor<M>,
     at: &RowAt,
-    attention: &mut Shared<[F]>,
-    glimpse: &mut Shared<[F]>,
+    attention: &mut Shared<[f32]>,
+    glimpse: &mut Shared<[f32]>,
     #[comptime] heads: usize,
     #[comptime] head_dim: usize,
     #[comptime] padded_nodes: usize,
@@ -212,11 +215,11 @@ fn attend<F: Float, M: Int>(
     while i < heads * nodes {
         let head = i / nodes;
         let node = i % nodes;
-        let mut score = F::new(0.0);
+        let mut score = f32::new(0.0);
         for j in 0..head_dim {
             let f = head * head_dim + j;
             let key = by_feature[at.keys + f * at.key_feature + node * at.key_node];
-            score += query[at.query + f * at.query_feature] * key;
+            score += f32::cast_from(query[at.query + f * at.query_feature]) * f32::cast_from(key);
         }
         attention[head * padded_nodes + node] = score;
         i += units;
@@ -227,17 +230,17 @@ fn attend<F: Float, M: Int>(
     let mut head = unit;
     while head < heads {
         let from = head * padded_nodes;
-        let mut max = F::new(-3.0e38);
+        let mut max = f32::new(-3.0e38);
         for node in 0..nodes {
             if is_open(mask, at, node) {
-                max = F::max(max, attention[from + node]);
+                max = max.max(attention[from + node]);
             }
         }
-        let mut sum = F::new(0.0);
+        let mut sum = f32::new(0.0);
         for node in 0..nodes {
-            let mut w = F::new(0.0);
+            let mut w = f32::new(0.0);
             if is_open(mask, at, node) {
-                w = F::exp(attention[from + node] - max);
+                w = (attention[from + node] - max).exp();
             }
             attention[from + node] = w;
             sum += w;
@@ -303,28 +306,28 @@ fn decoder_step_kernel<F: Float, M: Int>(
     );
 
     // Single-head logits against the logit keys, clipped.
-    let scale = F::cast_from(tanh_clipping) / F::cast_from(temperature);
+    let scale = tanh_clipping / temperature;
     let mut node = unit;
     while node < nodes {
-        logits[node] = F::tanh(over_features(&glimpse, 0, by_feature, d, node, &at, d)) * scale;
+        logits[node] = over_features(&glimpse, 0, by_feature, d, node, &at, d).tanh() * scale;
         node += units;
     }
     sync_cube();
 
     if unit == 0 {
-        let mut max = F::new(-3.0e38);
+        let mut max = f32::new(-3.0e38);
         for node in 0..nodes {
             if is_open(mask, &at, node) {
-                max = F::max(max, logits[node]);
+                max = max.max(logits[node]);
             }
         }
-        let mut sum = F::new(0.0);
+        let mut sum = f32::new(0.0);
         for node in 0..nodes {
             if is_open(mask, &at, node) {
-                sum += F::exp(logits[node] - max);
+                sum += (logits[node] - max).exp();
             }
         }
-        log_sum[0] = max + F::ln(sum);
+        log_sum[0] = max + sum.ln();
     }
     sync_cube();
 
@@ -333,7 +336,7 @@ fn decoder_step_kernel<F: Float, M: Int>(
     while node < nodes {
         let mut log_p = F::new(f32::NEG_INFINITY);
         if is_open(mask, &at, node) {
-            log_p = logits[node] - log_sum[0];
+            log_p = F::cast_from(logits[node] - log_sum[0]);
         }
         output[out + node * out_node] = log_p;
         node += units;
@@ -396,13 +399,14 @@ pub(crate) fn backward(
     grads
 }
 
-/// `grad[index] = term` for a row's first start, `+= term` after.
+/// `grad[index] = term` for a row's first start, `+= term` after (the sum in f32, stored
+/// in the gradient's type).
 #[cube]
-fn add_term<F: Float>(grad: &mut Tensor<F>, index: usize, term: F, first: bool) {
+fn add_term<F: Float>(grad: &mut Tensor<F>, index: usize, term: f32, first: bool) {
     if first {
-        grad[index] = term;
+        grad[index] = F::cast_from(term);
     } else {
-        grad[index] += term;
+        grad[index] = F::cast_from(f32::cast_from(grad[index]) + term);
     }
 }
 
@@ -449,9 +453,9 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
         // log_softmax's Σg over every entry, as the composed form takes it (read after
         // `attend`'s barriers).
         if unit == 0 {
-            let mut total = F::new(0.0);
+            let mut total = f32::new(0.0);
             for node in 0..nodes {
-                total += grad_out[row * nodes + node];
+                total += f32::cast_from(grad_out[row * nodes + node]);
             }
             sums[heads] = total;
         }
@@ -470,12 +474,12 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
         // log_softmax and tanh clipping: dz = g − p·Σg, d_raw = dz · C/T · (1 − tanh²).
         let mut node = unit;
         while node < nodes {
-            let t = F::tanh(over_features(&glimpse, 0, by_feature, d, node, &at, d));
-            let mut grad = F::new(0.0);
+            let t = over_features(&glimpse, 0, by_feature, d, node, &at, d).tanh();
+            let mut grad = f32::new(0.0);
             if is_open(mask, &at, node) {
-                let p = F::exp(log_probs[row * nodes + node]);
-                let dz = grad_out[row * nodes + node] - p * sums[heads];
-                grad = dz * F::cast_from(slope) * (F::new(1.0) - t * t);
+                let p = f32::cast_from(log_probs[row * nodes + node]).exp();
+                let dz = f32::cast_from(grad_out[row * nodes + node]) - p * sums[heads];
+                grad = dz * slope * (1.0 - t * t);
             }
             d_raw[node] = grad;
             node += units;
@@ -529,7 +533,7 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
         let mut head = unit;
         while head < heads {
             let from = head * padded_nodes;
-            let mut dot = F::new(0.0);
+            let mut dot = f32::new(0.0);
             for node in 0..nodes {
                 dot += attention[from + node] * d_scores[from + node];
             }
@@ -549,15 +553,20 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
         // score = query_head · keys[node, head]
         let mut f = unit;
         while f < d {
-            d_query[row * d + f] =
-                over_nodes(&d_scores, (f / head_dim) * padded_nodes, by_feature, f, &at);
+            d_query[row * d + f] = F::cast_from(over_nodes(
+                &d_scores,
+                (f / head_dim) * padded_nodes,
+                by_feature,
+                f,
+                &at,
+            ));
             f += units;
         }
         let mut i = unit;
         while i < nodes * d {
             let (node, f) = (i / d, i % d);
             let term = d_scores[(f / head_dim) * padded_nodes + node]
-                * query[at.query + f * at.query_feature];
+                * f32::cast_from(query[at.query + f * at.query_feature]);
             add_term(d_keys, node_major + i, term, first);
             i += units;
         }
