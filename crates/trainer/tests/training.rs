@@ -398,6 +398,22 @@ fn half_precision_needs_cuda() {
 }
 
 #[test]
+fn a_missing_validation_file_is_named_and_leaves_nothing() {
+    let _serial = serial();
+    let mut config = tiny("exponential");
+    config.validation.file = Some(PathBuf::from("no/such/validation.jsonl"));
+    let dir = tmp("missing-validation");
+    let err = train(options(config, &dir, false, None))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("validation.file") && err.contains("no/such/validation.jsonl"),
+        "{err}"
+    );
+    assert!(!dir.exists(), "a refused run leaves no run directory");
+}
+
+#[test]
 fn every_shipped_config_parses() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../configs");
     let mut count = 0;

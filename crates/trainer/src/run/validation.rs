@@ -41,6 +41,15 @@ impl ValidationSet {
             });
         };
         let path = resolve(file, config_dir);
+        if !path.exists() {
+            let beside = config_dir.map_or(String::new(), |d| {
+                format!(" nor in {} or a parent directory", d.display())
+            });
+            return Err(TrainError::Input(format!(
+                "validation.file = \"{}\": no such file in the working directory{beside}",
+                file.display()
+            )));
+        }
         let records = read_jsonl(&path)?;
         let n = config.problem.n;
         let bad = |message: String| {
