@@ -573,3 +573,22 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
         sync_cube();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::fits;
+
+    /// By hand, at 8 heads and d = 128 (12,288 floats): the forward needs 9·Np + 129 floats,
+    /// so Np = 1,344 (12,225) fits and 1,352 (12,297) does not; training needs
+    /// 17·Np + 265, so Np = 704 (12,233) fits and 712 (12,369) does not.
+    #[test]
+    fn shared_memory_bounds_the_nodes() {
+        assert!(fits(1344, 8, 128, false));
+        assert!(!fits(1345, 8, 128, false));
+        assert!(fits(704, 8, 128, true));
+        assert!(!fits(705, 8, 128, true));
+        // CVRP100 (101 nodes) at the shipped models' size, and a wider model.
+        assert!(fits(101, 8, 128, true));
+        assert!(fits(101, 16, 256, true));
+    }
+}
