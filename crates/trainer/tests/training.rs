@@ -381,20 +381,26 @@ fn resume_with_shards_is_exact() {
     }
 }
 
+/// The error of a run of `config` refused before it trains; it must leave no run directory.
+fn refused(config: Config, name: &str) -> String {
+    let dir = tmp(name);
+    let err = train(options(config, &dir, false, None))
+        .unwrap_err()
+        .to_string();
+    assert!(!dir.exists(), "a refused run leaves no run directory");
+    err
+}
+
 #[test]
 fn half_precision_needs_cuda() {
     let _serial = serial();
     let mut config = tiny("exponential");
     config.training.precision = routeburn_trainer::config::Precision::Bf16;
-    let dir = tmp("bf16");
-    let err = train(options(config, &dir, false, None))
-        .unwrap_err()
-        .to_string();
+    let err = refused(config, "bf16");
     assert!(
         err.contains("training.precision") && err.contains("cuda"),
         "{err}"
     );
-    assert!(!dir.exists(), "a refused run leaves no run directory");
 }
 
 #[test]
@@ -402,15 +408,11 @@ fn a_missing_validation_file_is_named_and_leaves_nothing() {
     let _serial = serial();
     let mut config = tiny("exponential");
     config.validation.file = Some(PathBuf::from("no/such/validation.jsonl"));
-    let dir = tmp("missing-validation");
-    let err = train(options(config, &dir, false, None))
-        .unwrap_err()
-        .to_string();
+    let err = refused(config, "missing-validation");
     assert!(
         err.contains("validation.file") && err.contains("no/such/validation.jsonl"),
         "{err}"
     );
-    assert!(!dir.exists(), "a refused run leaves no run directory");
 }
 
 #[test]
