@@ -381,13 +381,17 @@ fn resume_with_shards_is_exact() {
     }
 }
 
-/// The error of a run of `config` refused before it trains; it must leave no run directory.
+/// The error of a run of `config` refused before it trains, its run directory two levels
+/// below one that does not exist yet: it must leave none of the three behind.
 fn refused(config: Config, name: &str) -> String {
-    let dir = tmp(name);
-    let err = train(options(config, &dir, false, None))
+    let parent = tmp(name);
+    let err = train(options(config, &parent.join("runs/run-001"), false, None))
         .unwrap_err()
         .to_string();
-    assert!(!dir.exists(), "a refused run leaves no run directory");
+    assert!(
+        !parent.exists(),
+        "a refused run leaves no run directory, nor the parents it made"
+    );
     err
 }
 

@@ -114,19 +114,34 @@ pub(crate) fn training_device(
     Ok(device)
 }
 
+/// Removes the run directory `made[0]` and its parents `made[1..]`, made by this run. A
+/// parent goes only if it is empty: another run may have put its own directory there.
+fn remove_made(made: &[PathBuf]) {
+    if let Some((run_dir, parents)) = made.split_first() {
+        let _ = std::fs::remove_dir_all(run_dir);
+        for dir in parents {
+            if std::fs::remove_dir(dir).is_err() {
+                break;
+            }
+        }
+    }
+}
+
 /// Runs (or resumes) a run of method `M` to completion.
 pub(crate) fn run<M: TrainingMethod>(mut opts: TrainOptions) -> Result<TrainSummary, TrainError> {
     opts.config.training.shards = Some(resolve_shards(&opts));
     let t = &opts.config.training;
     let last_epoch = opts.stop_after_epochs.map_or(t.epochs, |s| s.min(t.epochs));
     // A run refused before it trains (bad precision, a missing validation file, unreadable
-    // initial weights) leaves no directory behind that it made itself.
-    let (run_dir, made_here) = (opts.run_dir.clone(), !opts.run_dir.exists());
-    let mut run = Run::<M>::start(opts).inspect_err(|_| {
-        if made_here {
-            let _ = std::fs::remove_dir_all(&run_dir);
-        }
-    })?;
+    // initial weights) leaves no directory behind that it made itself: neither its own nor
+    // the parents made for it (`runs/` on a first run).
+    let made_here: Vec<PathBuf> = opts
+        .run_dir
+        .ancestors()
+        .take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists())
+        .map(Path::to_path_buf)
+        .collect();
+    let mut run = Run::<M>::start(opts).inspect_err(|_| remove_made(&made_here))?;
     let initial_validation = match run.opts.validate_initial && run.start_epoch == 0 {
         true => Some(run.validate_initial()?),
         false => None,
