@@ -3,13 +3,15 @@
 //! decode of batch 512 at n = 20, 50 and 100, whole and in cache-sized chunks (as `eval`
 //! decodes). Throughput lines give instances per second.
 //! And on flex with autodiff, a POMO training decode and its backward (batch 64 × 20
-//! starts, n = 20, d = 128): the fused decoder step against Burn's ops one by one.
+//! starts, n = 20, d = 128): the fused decoder step against Burn's ops one by one; and
+//! the encoder's forward and backward (`tiny_1`'s batch 128 at n = 10, batch 64 at
+//! n = 100): the fused attention core against Burn's ops one by one.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use routeburn_data::{Generator, InstanceRng};
 use routeburn_model::{
     decode_chunk, decode_in_chunks, AttentionModelConfig, Backend, CvrpState, DecodeOptions,
-    DeviceBatch, NoiseShape, StepKernel,
+    DeviceBatch, GraphEncoderConfig, NoiseShape, StepKernel,
 };
 
 fn model(c: &mut Criterion) {
@@ -20,6 +22,7 @@ fn model(c: &mut Criterion) {
     }
     if Backend::Flex.is_compiled() {
         pomo_decode(c);
+        encoder_training(c);
     }
 }
 
@@ -103,6 +106,32 @@ fn pomo_decode(c: &mut Criterion) {
                 out.log_likelihood.sum().backward()
             })
         });
+    }
+    group.finish();
+}
+
+/// The encoder's forward and backward, with its attention core fused and op by op.
+fn encoder_training(c: &mut Criterion) {
+    let device = Backend::Flex.device().unwrap().autodiff();
+    device.seed(0);
+    let mut group = c.benchmark_group("encoder_training-flex-autodiff");
+    group.sample_size(10);
+    for (b, n) in [(128, 10), (64, 100)] {
+        let batch = Generator::uniform(n).sample_batch(&mut InstanceRng::new(9), b);
+        let problem = DeviceBatch::upload(&batch, None, &device);
+        group.throughput(Throughput::Elements(b as u64));
+        for (name, kernel) in [
+            ("fused", StepKernel::Fused),
+            ("op-by-op", StepKernel::OpByOp),
+        ] {
+            let encoder = GraphEncoderConfig::new().with_encoder_attention(kernel);
+            let model = AttentionModelConfig::new()
+                .with_encoder(encoder)
+                .init(&device);
+            group.bench_function(format!("{name}/{b}x{n}"), |bench| {
+                bench.iter(|| model.encode(&problem).sum().backward())
+            });
+        }
     }
     group.finish();
 }

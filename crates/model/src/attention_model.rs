@@ -203,6 +203,12 @@ impl AttentionModel {
         self
     }
 
+    /// The model with its encoder's attention core run in `kernel`'s form.
+    pub fn with_encoder_attention(mut self, kernel: StepKernel) -> Self {
+        self.encoder = self.encoder.with_attention_kernel(kernel);
+        self
+    }
+
     /// Log-probabilities of the next node for every row (row `i * S + s` is instance i's
     /// rollout s).
     ///
@@ -330,6 +336,7 @@ mod tests {
     use crate::backend::Backend;
     use crate::decoder_step::fused_on;
     use crate::encoder::GraphEncoderConfig;
+    use crate::test_values::pseudo_random;
 
     /// Kool's decoder step written as he does, with matmuls on transposed keys: the
     /// reference for the broadcast-and-sum form the model uses.
@@ -442,21 +449,6 @@ mod tests {
             .try_to_vec::<f32>()
             .unwrap();
         assert_log_probs_close(&ours, &reference);
-    }
-
-    /// Deterministic values in [-scale, scale] from a small LCG.
-    fn pseudo_random(len: usize, seed: u64, scale: f32) -> Vec<f32> {
-        let mut x = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (0..len)
-            .map(|_| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-            })
-            .collect()
     }
 
     /// Masks of every kind a decode meets: only the depot left (a finished row), one

@@ -8,9 +8,12 @@ use burn::nn::{
     BatchNorm, BatchNormConfig, InstanceNorm, InstanceNormConfig, LayerNorm, LayerNormConfig,
     Linear, LinearConfig,
 };
-use burn::tensor::activation::{relu, softmax};
+use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 use serde::{Deserialize, Serialize};
+
+use crate::decoder_step::StepKernel;
+use crate::self_attention;
 
 /// Which normalisation follows each skip connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -40,6 +43,10 @@ pub struct GraphEncoderConfig {
     /// Biases in the attention's projections: Kool's encoder has none, rl4co's has them.
     #[config(default = false)]
     pub attention_bias: bool,
+    /// The attention core as one fused operation where the backend has one (flex), or
+    /// Burn's ops one by one.
+    #[config(default = "StepKernel::Fused")]
+    pub encoder_attention: StepKernel,
 }
 
 impl GraphEncoderConfig {
@@ -64,6 +71,14 @@ pub struct GraphEncoder {
 }
 
 impl GraphEncoder {
+    /// The encoder with its attention core run in `kernel`'s form.
+    pub(crate) fn with_attention_kernel(mut self, kernel: StepKernel) -> Self {
+        for layer in &mut self.layers {
+            layer.attention.kernel = kernel;
+        }
+        self
+    }
+
     /// Embeds every node and refines the embeddings.
     ///
     /// # Shapes
@@ -101,12 +116,7 @@ impl EncoderLayer {
     fn new(config: &GraphEncoderConfig, device: &Device) -> Self {
         let d = config.embed_dim;
         Self {
-            attention: MultiHeadSelfAttention::new(
-                d,
-                config.num_heads,
-                config.attention_bias,
-                device,
-            ),
+            attention: MultiHeadSelfAttention::new(config, device),
             attention_norm: Norm::new(config.normalization, d, device),
             feed_forward_in: LinearConfig::new(d, config.feed_forward_dim).init(device),
             feed_forward_out: LinearConfig::new(config.feed_forward_dim, d).init(device),
@@ -137,10 +147,14 @@ pub struct MultiHeadSelfAttention {
     qkv: Linear,
     out: Linear,
     num_heads: usize,
+    /// The fused attention core where the backend has one (not saved).
+    #[module(skip)]
+    kernel: StepKernel,
 }
 
 impl MultiHeadSelfAttention {
-    fn new(d: usize, num_heads: usize, bias: bool, device: &Device) -> Self {
+    fn new(config: &GraphEncoderConfig, device: &Device) -> Self {
+        let (d, num_heads, bias) = (config.embed_dim, config.num_heads, config.attention_bias);
         assert!(
             d.is_multiple_of(num_heads),
             "embed_dim {d} is not divisible by num_heads {num_heads}"
@@ -149,25 +163,21 @@ impl MultiHeadSelfAttention {
             qkv: LinearConfig::new(d, 3 * d).with_bias(bias).init(device),
             out: LinearConfig::new(d, d).with_bias(bias).init(device),
             num_heads,
+            kernel: config.encoder_attention,
         }
     }
 
     /// # Shapes
     /// - `h`: `[B, N, d]` → `[B, N, d]`
     pub fn forward(&self, h: Tensor<3>) -> Tensor<3> {
-        let [b, n, d] = h.dims();
-        let heads = self.num_heads;
-        let dk = d / heads;
-        // Heads split by views only: squeezing a permuted [3, B, H, N, dk] would copy it.
-        let qkv = per_node(&self.qkv, h)
-            .reshape([b, n, 3 * heads, dk])
-            .swap_dims(1, 2); // [B, 3H, N, dk]
-        let q = qkv.clone().slice_dim(1, 0..heads); // [B, H, N, dk]
-        let k = qkv.clone().slice_dim(1, heads..2 * heads);
-        let v = qkv.slice_dim(1, 2 * heads..3 * heads);
-        let compatibility = q.matmul(k.swap_dims(2, 3)) / (dk as f64).sqrt(); // [B, H, N, N]
-        let attended = softmax(compatibility, 3).matmul(v); // [B, H, N, dk]
-        per_node(&self.out, attended.swap_dims(1, 2).reshape([b, n, d])) // [B, N, d]
+        let qkv = per_node(&self.qkv, h); // [B, N, 3d]
+        let attended =
+            if self.kernel == StepKernel::Fused && self_attention::fused_on(&qkv.device()) {
+                self_attention::fused(qkv, self.num_heads)
+            } else {
+                self_attention::op_by_op(qkv, self.num_heads)
+            }; // [B, N, d]
+        per_node(&self.out, attended) // [B, N, d]
     }
 }
 

@@ -16,6 +16,9 @@ pub mod encoder;
 pub mod pointer_network;
 pub mod problem;
 pub mod routing_model;
+#[cfg(feature = "flex")]
+mod row_kernels;
+mod self_attention;
 pub mod state;
 
 pub use attention_model::{AttentionModel, AttentionModelConfig, Precomputed};
@@ -30,3 +33,22 @@ pub use pointer_network::{
 pub use problem::{max_decode_steps, DeviceBatch, DeviceTargets, NoiseShape};
 pub use routing_model::RoutingModel;
 pub use state::{CvrpState, LoadArithmetic};
+
+/// Inputs the unit tests share.
+#[cfg(test)]
+mod test_values {
+    /// Deterministic values in [-scale, scale] from a small LCG.
+    pub(crate) fn pseudo_random(len: usize, seed: u64, scale: f32) -> Vec<f32> {
+        let mut x = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..len)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+}

@@ -22,7 +22,8 @@ mod flex_kernel;
 
 use burn::tensor::{Bool, Device, Tensor};
 
-/// Which form the decoder step runs in (`model.decoder_step` in a config).
+/// Which form a fused operation runs in: the decoder step (`model.decoder_step` in a
+/// config) and the encoder's attention core (`model.encoder_attention`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum StepKernel {
@@ -397,12 +398,12 @@ mod flex_impl {
     use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
     use burn::backend::autodiff::Autodiff;
     use burn::backend::tensor::{BoolTensor, FloatTensor};
-    use burn::backend::{DType, Flex};
-    use burn::tensor::Shape;
-    use burn_flex::{FlexTensor, Layout};
+    use burn::backend::Flex;
+    use burn_flex::FlexTensor;
 
     use super::flex_kernel::{self, Dims, Inputs, Saved, Scale};
     use super::DecoderStepBackend;
+    use crate::row_kernels::{floats, tensor};
 
     /// The step's inputs as contiguous flex tensors, kept for the backward pass.
     #[derive(Debug, Clone)]
@@ -468,19 +469,6 @@ mod flex_impl {
     fn dims3(t: &FlexTensor) -> [usize; 3] {
         let s = t.layout().shape();
         [s[0], s[1], s[2]]
-    }
-
-    fn floats(t: &FlexTensor) -> &[f32] {
-        t.as_slice::<f32>()
-            .expect("the fused decoder step runs in f32 on contiguous tensors")
-    }
-
-    fn tensor(values: Vec<f32>, shape: impl Into<Shape>) -> FlexTensor {
-        FlexTensor::new(
-            burn::backend::Bytes::from_elems(values),
-            Layout::contiguous(shape.into()),
-            DType::F32,
-        )
     }
 
     impl DecoderStepBackend for Flex {

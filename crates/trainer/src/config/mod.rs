@@ -115,6 +115,10 @@ pub struct AttentionConfig {
     /// `op-by-op` (Burn's tensor operations, what other backends run).
     #[serde(skip_serializing_if = "is_fused")]
     pub decoder_step: StepKernel,
+    /// `fused` (the encoder's attention core as one operation where the backend has one:
+    /// flex) or `op-by-op`.
+    #[serde(skip_serializing_if = "is_fused")]
+    pub encoder_attention: StepKernel,
 }
 
 fn is_fused(k: &StepKernel) -> bool {
@@ -134,6 +138,7 @@ impl Default for AttentionConfig {
             tanh_clipping: m.tanh_clipping,
             load_arithmetic: m.load_arithmetic,
             decoder_step: m.decoder_step,
+            encoder_attention: m.encoder.encoder_attention,
         }
     }
 }
@@ -152,7 +157,8 @@ impl AttentionConfig {
                     .with_num_layers(self.num_layers)
                     .with_feed_forward_dim(self.feed_forward_dim)
                     .with_normalization(self.normalization)
-                    .with_attention_bias(self.attention_bias),
+                    .with_attention_bias(self.attention_bias)
+                    .with_encoder_attention(self.encoder_attention),
             )
             .with_tanh_clipping(self.tanh_clipping)
             .with_load_arithmetic(self.load_arithmetic)

@@ -253,7 +253,10 @@ mod tests {
     use std::path::PathBuf;
 
     use routeburn_data::{read_jsonl, Batch};
-    use routeburn_model::{Backend, DecodeOptions, DeviceBatch, LoadArithmetic, Normalization};
+    use routeburn_model::{
+        AttentionModel, Backend, DecodeOptions, DeviceBatch, LoadArithmetic, Normalization,
+        StepKernel,
+    };
 
     use super::*;
     use crate::evaluate::{download_ints, validated_costs};
@@ -295,37 +298,69 @@ mod tests {
     }
 
     /// The imported model's greedy tours on the first instances of a validation set: the
-    /// same actions as the source's code for every instance, and (through the cost crate's
-    /// validator) the same costs.
+    /// same actions as the source's code, and (through the cost crate's validator) the
+    /// same costs, on every instance but rounding-decided ties.
+    ///
+    /// A tie is an instance whose tour differs between the model's two forms of the same
+    /// arithmetic (the encoder's attention fused and op by op, ~1e-7 apart): there two
+    /// nodes are equally likely to within f32 rounding, and the source's tour must be one
+    /// of the two. Kool's CVRP100 model has one, instance 74: at step 100 two nodes of
+    /// probability ~0.5 each, their log-probabilities 1.1e-5 apart op by op and 3.3e-6 the
+    /// other way fused. At most 1% of instances may be ties.
     fn same_tours(checkpoint: &Path, expected: &Path, validation: &str) {
         let device = device();
-        let imported = import(checkpoint, &device).unwrap();
+        let model = import(checkpoint, &device).unwrap().model;
         let expected = tours(expected);
         let records = read_jsonl(data(validation)).unwrap();
         assert!(expected.len() <= records.len());
         let instances = records[..expected.len()].iter().map(|r| &r.instance);
         let batch = Batch::from_instances(instances).unwrap();
-        let out = imported.model.decode(
-            &DeviceBatch::upload(&batch, None, &device),
-            &DecodeOptions::greedy(),
-        );
-        let [(actions, [_, steps])] = download_ints(vec![out.actions]).try_into().unwrap();
-        let costs = validated_costs(&batch, &actions, steps, 1).unwrap();
+        let problem = DeviceBatch::upload(&batch, None, &device);
+        let greedy = |model: &AttentionModel| {
+            let out = model.decode(&problem, &DecodeOptions::greedy());
+            let [(actions, [_, steps])] = download_ints(vec![out.actions]).try_into().unwrap();
+            let costs = validated_costs(&batch, &actions, steps, 1).unwrap();
+            let tour = |i: usize| {
+                let mut tour = actions[i * steps..(i + 1) * steps].to_vec();
+                while tour.last() == Some(&0) {
+                    tour.pop();
+                }
+                tour
+            };
+            (0..expected.len())
+                .map(|i| (tour(i), costs[i]))
+                .collect::<Vec<_>>()
+        };
+        let ours = greedy(&model);
+        let other_rounding = greedy(&model.with_encoder_attention(StepKernel::OpByOp));
         let what = checkpoint.display();
-        for (i, e) in expected.iter().enumerate() {
-            let mut ours = actions[i * steps..(i + 1) * steps].to_vec();
-            while ours.last() == Some(&0) {
-                ours.pop();
+        let mut ties = 0;
+        for (i, (e, ((tour, cost), (other, _)))) in expected
+            .iter()
+            .zip(ours.iter().zip(&other_rounding))
+            .enumerate()
+        {
+            if tour != other {
+                ties += 1;
+                assert!(
+                    e.actions == *tour || e.actions == *other,
+                    "{what}, instance {i}: a tie whose sides are neither the source's tour"
+                );
+                continue;
             }
-            assert_eq!(ours, e.actions, "{what}, instance {i}: tours differ");
-            let rel = (costs[i] - e.cost).abs() / e.cost;
+            assert_eq!(*tour, e.actions, "{what}, instance {i}: tours differ");
+            let rel = (cost - e.cost).abs() / e.cost;
             assert!(
                 rel < 1e-4,
-                "{what}, instance {i}: cost {} vs {}",
-                costs[i],
+                "{what}, instance {i}: cost {cost} vs {}",
                 e.cost
             );
         }
+        assert!(
+            ties * 100 <= expected.len(),
+            "{what}: {ties} of {} instances are rounding-decided ties",
+            expected.len()
+        );
     }
 
     fn same_tours_as_kool(n: usize) {

@@ -1,0 +1,389 @@
+//! Loops over contiguous `f32` rows that the flex kernels share (the decoder step's and
+//! the encoder's self-attention): weighted sums of rows kept in AVX2 registers, a
+//! polynomial exponential, a masked softmax. Each is compiled twice: with fused
+//! multiply-adds inside the callers' `#[target_feature(enable = "avx2,fma")]` functions
+//! (`Fused`), and plainly for other CPUs (`Plain`).
+
+/// How a multiply-add and eight exponentials are computed: fused and in AVX2 registers
+/// (`Fused`, used only under [`has_avx2_fma`]), else a product and a sum and lane by lane
+/// (a software `fmaf` would be far slower).
+pub(crate) trait MulAdd {
+    fn mul_add(a: f32, b: f32, c: f32) -> f32;
+    /// `x[i] = e^x[i]` as [`exp_lane`] computes it.
+    fn exp8(x: &mut [f32; 8]);
+}
+
+pub(crate) struct Fused;
+pub(crate) struct Plain;
+
+impl MulAdd for Fused {
+    #[inline(always)]
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+
+    #[inline(always)]
+    fn exp8(x: &mut [f32; 8]) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Fused` runs only inside the `*_avx2` functions, which run only where
+        // the CPU has AVX2 and FMA.
+        unsafe {
+            exp8_avx2(x)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Plain::exp8(x)
+    }
+}
+
+impl MulAdd for Plain {
+    #[inline(always)]
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
+
+    #[inline(always)]
+    fn exp8(x: &mut [f32; 8]) {
+        for v in x.iter_mut() {
+            *v = exp_lane(*v);
+        }
+    }
+}
+
+/// `out[..width] = Σ_k coefs[k] · rows[k·stride ..][..width]`, dense: the backward's
+/// coefficients are zero at masked nodes, but a branch per coefficient on the mask's
+/// pattern cost more than the multiply-adds it saved (and adding `x · 0` leaves a sum
+/// exactly as it was). One row of [`weighted_sums`].
+#[inline(always)]
+pub(crate) fn weighted_sum<M: MulAdd>(
+    coefs: &[f32],
+    rows: &[f32],
+    stride: usize,
+    width: usize,
+    out: &mut [f32],
+) {
+    let one_row = RowsAt {
+        coef_stride: 0,
+        count: coefs.len(),
+        out_stride: 0,
+    };
+    weighted_sums::<M, 1>(coefs, rows, (stride, width), one_row, out);
+}
+
+/// Rows of one instance (and, for its key gradients, nodes) taken together. They read the
+/// same keys, so each key vector loaded serves all of them, and their sums are independent
+/// chains: a row alone keeps only two or three vectors of sums in flight, and each
+/// multiply-add waits on the one before it.
+pub(crate) const ROW_BLOCK: usize = 4;
+
+/// How many of the `left` rows (or nodes) to take next: [`ROW_BLOCK`], 2 or 1.
+pub(crate) fn rows_in_block(left: usize) -> usize {
+    match left {
+        left if left >= ROW_BLOCK => ROW_BLOCK,
+        left if left >= 2 => 2,
+        _ => 1,
+    }
+}
+
+/// Where a weighted sum over several rows reads its coefficients and writes its outputs:
+/// row r's coefficients are `coefs[r·coef_stride ..][..count]`, its output
+/// `out[r·out_stride ..][..width]`.
+#[derive(Clone, Copy)]
+pub(crate) struct RowsAt {
+    pub(crate) coef_stride: usize,
+    pub(crate) count: usize,
+    pub(crate) out_stride: usize,
+}
+
+/// `R` rows' weighted sums over the same `rows`: row r's `out[..width] = Σ_k coefs[k] ·
+/// rows[k·stride ..][..width]`. Each output is summed in k order whatever `R` is, so
+/// blocking rows changes no result. The sums stay in registers, three 8-lane vectors of
+/// `R` rows at a time (4 × 3 sums, 3 keys and a coefficient fill AVX2's 16 registers),
+/// four for a single row; lanes past a multiple of 8 are summed one by one.
+#[inline(always)]
+pub(crate) fn weighted_sums<M: MulAdd, const R: usize>(
+    coefs: &[f32],
+    rows: &[f32],
+    (stride, width): (usize, usize),
+    at: RowsAt,
+    out: &mut [f32],
+) {
+    let vectors = width / 8;
+    // A row alone has the registers for four vectors of sums at a time.
+    let per_block = if R == 1 { 4 } else { 3 };
+    let mut start = 0;
+    for _ in 0..vectors / per_block {
+        match per_block {
+            4 => weighted_rows_block::<M, R, 4>(coefs, rows, stride, start, at, out),
+            _ => weighted_rows_block::<M, R, 3>(coefs, rows, stride, start, at, out),
+        }
+        start += 8 * per_block;
+    }
+    match vectors % per_block {
+        3 => weighted_rows_block::<M, R, 3>(coefs, rows, stride, start, at, out),
+        2 => weighted_rows_block::<M, R, 2>(coefs, rows, stride, start, at, out),
+        1 => weighted_rows_block::<M, R, 1>(coefs, rows, stride, start, at, out),
+        _ => {}
+    }
+    for r in 0..R {
+        let row_coefs = &coefs[r * at.coef_stride..][..at.count];
+        for lane in vectors * 8..width {
+            out[r * at.out_stride + lane] =
+                row_coefs.iter().enumerate().fold(0.0, |acc, (k, &c)| {
+                    M::mul_add(rows[k * stride + lane], c, acc)
+                });
+        }
+    }
+}
+
+#[inline(always)]
+fn weighted_rows_block<M: MulAdd, const R: usize, const B: usize>(
+    coefs: &[f32],
+    rows: &[f32],
+    stride: usize,
+    start: usize,
+    at: RowsAt,
+    out: &mut [f32],
+) {
+    let mut acc = [[[0.0f32; 8]; B]; R];
+    if let Some(last) = at.count.checked_sub(1) {
+        // One bounds check each for every key row and coefficient the loop reads.
+        assert!(
+            last * stride + start + 8 * B <= rows.len(),
+            "rows too short"
+        );
+        assert!(
+            (R - 1) * at.coef_stride + at.count <= coefs.len(),
+            "coefficients too short"
+        );
+        let mut row = rows[start..].as_ptr();
+        for k in 0..at.count {
+            // SAFETY: k < count, and row r's coefficients end within `coefs` (asserted).
+            let c: [f32; R] =
+                std::array::from_fn(|r| unsafe { *coefs.get_unchecked(r * at.coef_stride + k) });
+            for b in 0..B {
+                // SAFETY: row k starts at rows[k·stride + start] and is read up to 8·B
+                // floats on, within `rows` by the assertion above.
+                let x: [f32; 8] = std::array::from_fn(|lane| unsafe { *row.add(b * 8 + lane) });
+                for (acc, &c) in acc.iter_mut().zip(&c) {
+                    for (acc, &x) in acc[b].iter_mut().zip(&x) {
+                        *acc = M::mul_add(x, c, *acc);
+                    }
+                }
+            }
+            row = row.wrapping_add(stride);
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (b, acc) in acc.iter().enumerate() {
+            let at = r * at.out_stride + start + b * 8;
+            out[at..at + 8].copy_from_slice(acc);
+        }
+    }
+}
+
+/// [`weighted_sums`] for `outputs` consecutive outputs, [`ROW_BLOCK`] at a time: output
+/// r's coefficients are `coefs[r·coef_stride ..][..count]`, its sums
+/// `out[r·out_stride ..][..width]`.
+#[inline(always)]
+pub(crate) fn weighted_sums_all<M: MulAdd>(
+    outputs: usize,
+    coefs: &[f32],
+    rows: &[f32],
+    stride_width: (usize, usize),
+    at: RowsAt,
+    out: &mut [f32],
+) {
+    let mut r = 0;
+    while r < outputs {
+        let count = rows_in_block(outputs - r);
+        let coefs = &coefs[r * at.coef_stride..];
+        let out = &mut out[r * at.out_stride..];
+        match count {
+            ROW_BLOCK => weighted_sums::<M, ROW_BLOCK>(coefs, rows, stride_width, at, out),
+            2 => weighted_sums::<M, 2>(coefs, rows, stride_width, at, out),
+            _ => weighted_sums::<M, 1>(coefs, rows, stride_width, at, out),
+        }
+        r += count;
+    }
+}
+
+const LOG2_E: f32 = std::f32::consts::LOG2_E;
+const LN2_HI: f32 = 0.693_145_75;
+const LN2_LO: f32 = 1.428_606_8e-6;
+/// Adding 1.5·2²³ rounds to the nearest integer k and leaves k in the low mantissa bits.
+const ROUND: f32 = 12_582_912.0;
+const ROUND_BITS: i32 = 0x4B40_0000;
+/// e^r's Taylor coefficients, 1/7! first.
+const EXP_TAYLOR: [f32; 8] = [
+    1.0 / 5040.0,
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
+
+/// e^x for f32 without a libm call (glibc's `expf` is a call per element, and
+/// exponentials were half of the forward pass): x = k·ln 2 + r with |r| ≤ ln 2 / 2, e^r by
+/// its Taylor polynomial to degree 7 (truncation below 1e-8 relative), 2^k from the
+/// exponent bits. Arguments below −87 (−∞ included) give ~1e-38, not 0: callers that need
+/// exact zeros (masked nodes) set them.
+#[inline(always)]
+pub(crate) fn exp_lane(x: f32) -> f32 {
+    let x = x.clamp(-87.0, 88.0);
+    let shifted = x * LOG2_E + ROUND;
+    let k_int = shifted.to_bits() as i32 - ROUND_BITS;
+    let k = shifted - ROUND;
+    let r = (x - k * LN2_HI) - k * LN2_LO;
+    let p = EXP_TAYLOR[1..]
+        .iter()
+        .fold(EXP_TAYLOR[0], |p, &c| p * r + c);
+    p * f32::from_bits(((k_int + 127) << 23) as u32)
+}
+
+/// [`exp_lane`] on eight lanes in AVX2 registers, with fused multiply-adds (LLVM keeps the
+/// scalar form's lanes apart: it was ~13 instructions an element).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn exp8_avx2(x: &mut [f32; 8]) {
+    use std::arch::x86_64::*;
+    // SAFETY: the loads and stores touch exactly `x`'s eight floats.
+    let v = unsafe { _mm256_loadu_ps(x.as_ptr()) };
+    // max(lo, v) and min(hi, ·) return their second operand when it is NaN: NaN stays.
+    let v = _mm256_min_ps(
+        _mm256_set1_ps(88.0),
+        _mm256_max_ps(_mm256_set1_ps(-87.0), v),
+    );
+    let shifted = _mm256_fmadd_ps(v, _mm256_set1_ps(LOG2_E), _mm256_set1_ps(ROUND));
+    let k_int = _mm256_sub_epi32(_mm256_castps_si256(shifted), _mm256_set1_epi32(ROUND_BITS));
+    let k = _mm256_sub_ps(shifted, _mm256_set1_ps(ROUND));
+    let r = _mm256_fnmadd_ps(k, _mm256_set1_ps(LN2_HI), v);
+    let r = _mm256_fnmadd_ps(k, _mm256_set1_ps(LN2_LO), r);
+    let mut p = _mm256_set1_ps(EXP_TAYLOR[0]);
+    for c in &EXP_TAYLOR[1..] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
+    }
+    let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(k_int, _mm256_set1_epi32(127)));
+    let out = _mm256_mul_ps(p, _mm256_castsi256_ps(pow2));
+    // SAFETY: as above.
+    unsafe { _mm256_storeu_ps(x.as_mut_ptr(), out) };
+}
+/// The largest of `values` where `keep` is non-zero (−∞ when none is), 8 lanes at a time.
+#[inline(always)]
+pub(crate) fn kept_max(values: &[f32], keep: &[f32]) -> f32 {
+    let mut max = [f32::NEG_INFINITY; 8];
+    for (v, k) in values.chunks_exact(8).zip(keep.chunks_exact(8)) {
+        for lane in 0..8 {
+            // Compares and selects, not `f32::max` and its NaN rule (a NaN shows anyway),
+            // and no `&&`, whose branch keeps the lanes apart.
+            let candidate = if k[lane] != 0.0 {
+                v[lane]
+            } else {
+                f32::NEG_INFINITY
+            };
+            max[lane] = if candidate > max[lane] {
+                candidate
+            } else {
+                max[lane]
+            };
+        }
+    }
+    max.iter()
+        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+}
+
+/// `values[i] = e^(values[i] − max) · keep[i]` in whole 8-lane chunks; returns their sum.
+#[inline(always)]
+pub(crate) fn kept_exp_sum<M: MulAdd>(values: &mut [f32], max: f32, keep: &[f32]) -> f32 {
+    let mut sums = [0.0f32; 8];
+    for (v, k) in values.chunks_exact_mut(8).zip(keep.chunks_exact(8)) {
+        let v: &mut [f32; 8] = v.try_into().expect("8 lanes");
+        for lane in v.iter_mut() {
+            *lane -= max;
+        }
+        M::exp8(v);
+        for lane in 0..8 {
+            v[lane] *= k[lane];
+            sums[lane] += v[lane];
+        }
+    }
+    sums.iter().sum()
+}
+
+/// Masked softmax in place over padded lanes (`keep`: 1 at nodes that may be chosen, 0 at
+/// masked nodes and padding, which get weight exactly 0), max-subtracted as Burn's own
+/// `softmax` is.
+#[inline(always)]
+pub(crate) fn masked_softmax<M: MulAdd>(values: &mut [f32], keep: &[f32]) {
+    let max = kept_max(values, keep);
+    let inverse = 1.0 / kept_exp_sum::<M>(values, max, keep);
+    for v in values.iter_mut() {
+        *v *= inverse;
+    }
+}
+
+/// Node counts padded to whole 8-lane vectors.
+pub(crate) fn padded(nodes: usize) -> usize {
+    nodes.div_ceil(8) * 8
+}
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx2_fma() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
+/// A contiguous f32 flex tensor's values, without a copy.
+pub(crate) fn floats(t: &burn_flex::FlexTensor) -> &[f32] {
+    t.as_slice::<f32>()
+        .expect("the fused operations run in f32 on contiguous tensors")
+}
+
+/// A contiguous f32 flex tensor of `shape` that takes `values` over.
+pub(crate) fn tensor(
+    values: Vec<f32>,
+    shape: impl Into<burn::tensor::Shape>,
+) -> burn_flex::FlexTensor {
+    burn_flex::FlexTensor::new(
+        burn::backend::Bytes::from_elems(values),
+        burn_flex::Layout::contiguous(shape.into()),
+        burn::backend::DType::F32,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The polynomial exponential against libm's, where it is used (softmax arguments are
+    /// at most 0) and beyond.
+    #[test]
+    fn exp_lane_matches_exp_to_a_few_ulp() {
+        let mut worst = 0.0f32;
+        for i in 0..=170_000 {
+            let x = -87.0 + i as f32 * 1e-3;
+            let (ours, libm) = (exp_lane(x), x.exp());
+            worst = worst.max((ours - libm).abs() / libm);
+        }
+        assert!(worst < 5e-7, "worst relative error {worst}");
+        assert!(exp_lane(f32::NEG_INFINITY) < 1e-37);
+        assert_eq!(exp_lane(0.0), 1.0);
+        // Eight lanes at a time, both ways (the AVX2 one where the CPU has it), NaN kept.
+        let check = |exp8: fn(&mut [f32; 8])| {
+            let mut x = [-100.0, -87.0, -3.5, -1e-3, 0.0, 0.7, 20.0, f32::NAN];
+            let want = x.map(f32::exp);
+            exp8(&mut x);
+            assert!(x[0] < 1e-37, "{}", x[0]);
+            for (got, want) in x[1..7].iter().zip(&want[1..7]) {
+                assert!((got - want).abs() <= 5e-7 * want, "{got} vs {want}");
+            }
+            assert!(x[7].is_nan());
+        };
+        check(Plain::exp8);
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2_fma() {
+            check(Fused::exp8);
+        }
+    }
+}

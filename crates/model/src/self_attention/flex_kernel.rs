@@ -1,0 +1,248 @@
+//! The encoder's attention core in plain Rust over contiguous `f32` rows: the CPU
+//! implementation of [`super::SelfAttentionBackend`] for flex.
+//!
+//! Layouts (row-major, contiguous): `qkv` `[B, N, 3d]`, each node's queries, keys and
+//! values, each head-major (the output of the attention's one projection); the output and
+//! its gradient `[B, N, d]`, the heads' outputs side by side (what the output projection
+//! reads). Neither needs a transpose: a head is a column range.
+//!
+//! Work is split by instance (rayon); an instance's heads run in turn, and every sum is
+//! taken in one order, so no number depends on the thread count. A product of a row
+//! against every node reads that head's keys (or values) by feature, `[dk, Np]` (Np = N
+//! rounded up to a multiple of 8, zero beyond N), built per head into scratch space: `dk`
+//! vector updates of Np lanes, no horizontal sums.
+
+use rayon::prelude::*;
+
+#[cfg(target_arch = "x86_64")]
+use crate::row_kernels::has_avx2_fma;
+use crate::row_kernels::{masked_softmax, padded, weighted_sums_all, Fused, MulAdd, Plain, RowsAt};
+
+/// Sizes of one instance (a call takes as many as its slices hold).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Dims {
+    pub(crate) nodes: usize,
+    pub(crate) heads: usize,
+    pub(crate) head_dim: usize,
+}
+
+impl Dims {
+    fn embed(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// √dk, what the scores are divided by.
+    fn root(&self) -> f32 {
+        (self.head_dim as f32).sqrt()
+    }
+}
+
+/// One thread's working space, reused across the instances it takes.
+struct Scratch {
+    /// `[dk, Np]` one head's keys by feature.
+    keys_t: Vec<f32>,
+    /// `[dk, Np]` one head's values by feature (backward).
+    values_t: Vec<f32>,
+    /// `[N, Np]` scores, then attention weights.
+    attention: Vec<f32>,
+    /// `[N, N]` the weights by node: node j's weights from every row (backward).
+    attention_t: Vec<f32>,
+    /// `[N, Np]` the weights' gradients, then the scores' (backward).
+    d_scores: Vec<f32>,
+    /// `[N, N]` the scores' gradients by node (backward).
+    d_scores_t: Vec<f32>,
+    /// `[Np]` 1 at nodes, 0 at padding.
+    keep: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(dims: Dims) -> Self {
+        let (n, dk) = (dims.nodes, dims.head_dim);
+        let np = padded(n);
+        let mut keep = vec![0.0; np];
+        keep[..n].fill(1.0);
+        Self {
+            keys_t: vec![0.0; dk * np],
+            values_t: vec![0.0; dk * np],
+            attention: vec![0.0; n * np],
+            attention_t: vec![0.0; n * n],
+            d_scores: vec![0.0; n * np],
+            d_scores_t: vec![0.0; n * n],
+            keep,
+        }
+    }
+}
+
+/// `out[b, i, head] = Σ_j softmax_j(q_i · k_j / √dk) v_j` for every instance, node and
+/// head: `[B, N, d]` from `qkv` `[B, N, 3d]`.
+pub(crate) fn forward(dims: Dims, qkv: &[f32]) -> Vec<f32> {
+    let (n, d) = (dims.nodes, dims.embed());
+    let mut out = vec![0.0f32; qkv.len() / 3];
+    out.par_chunks_mut(n * d)
+        .zip(qkv.par_chunks(n * 3 * d))
+        .for_each_init(
+            || Scratch::new(dims),
+            |scratch, (out, qkv)| {
+                #[cfg(target_arch = "x86_64")]
+                if has_avx2_fma() {
+                    // SAFETY: the CPU supports AVX2 and FMA (checked above).
+                    return unsafe { forward_instance_avx2(dims, qkv, out, scratch) };
+                }
+                forward_instance::<Plain>(dims, qkv, out, scratch)
+            },
+        );
+    out
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn forward_instance_avx2(dims: Dims, qkv: &[f32], out: &mut [f32], scratch: &mut Scratch) {
+    forward_instance::<Fused>(dims, qkv, out, scratch)
+}
+
+/// One instance: `qkv` `[N, 3d]` → `out` `[N, d]`.
+#[inline(always)]
+fn forward_instance<M: MulAdd>(dims: Dims, qkv: &[f32], out: &mut [f32], s: &mut Scratch) {
+    let (n, d, dk) = (dims.nodes, dims.embed(), dims.head_dim);
+    let np = padded(n);
+    for head in 0..dims.heads {
+        attention_weights::<M>(dims, qkv, head, s);
+        let by_weight = RowsAt {
+            coef_stride: np,
+            count: n,
+            out_stride: d,
+        };
+        let values = &qkv[2 * d + head * dk..];
+        let out = &mut out[head * dk..];
+        weighted_sums_all::<M>(n, &s.attention, values, (3 * d, dk), by_weight, out);
+    }
+}
+
+/// One head's attention weights for every row of an instance, into `s.attention`
+/// (`[N, Np]`, 0 at padding); `s.keys_t` is left holding the head's keys by feature.
+#[inline(always)]
+fn attention_weights<M: MulAdd>(dims: Dims, qkv: &[f32], head: usize, s: &mut Scratch) {
+    let (n, d, dk) = (dims.nodes, dims.embed(), dims.head_dim);
+    let np = padded(n);
+    by_feature(&qkv[d + head * dk..], 3 * d, (n, dk), &mut s.keys_t);
+    let by_query = RowsAt {
+        coef_stride: 3 * d,
+        count: dk,
+        out_stride: np,
+    };
+    let queries = &qkv[head * dk..];
+    weighted_sums_all::<M>(n, queries, &s.keys_t, (np, np), by_query, &mut s.attention);
+    let root = dims.root();
+    for row in s.attention.chunks_exact_mut(np) {
+        for score in row.iter_mut() {
+            *score /= root;
+        }
+        masked_softmax::<M>(row, &s.keep);
+    }
+}
+
+/// `out[f·Np + j] = rows[j·stride + f]` for `n` rows of `width` features (`out`'s lanes
+/// past `n` are left as they are: zero).
+fn by_feature(rows: &[f32], stride: usize, (n, width): (usize, usize), out: &mut [f32]) {
+    let np = padded(n);
+    for j in 0..n {
+        for (f, &x) in rows[j * stride..][..width].iter().enumerate() {
+            out[f * np + j] = x;
+        }
+    }
+}
+
+/// `out[j·n + i] = square[i·stride + j]` for i, j < n.
+fn transposed(square: &[f32], stride: usize, n: usize, out: &mut [f32]) {
+    for i in 0..n {
+        for (j, &x) in square[i * stride..][..n].iter().enumerate() {
+            out[j * n + i] = x;
+        }
+    }
+}
+
+/// The gradient of `qkv` `[B, N, 3d]` from the output's, `grad_out` `[B, N, d]`; the
+/// attention weights are computed again (they are as large as the rest of the pass).
+pub(crate) fn backward(dims: Dims, qkv: &[f32], grad_out: &[f32]) -> Vec<f32> {
+    let (n, d) = (dims.nodes, dims.embed());
+    let mut grad = vec![0.0f32; qkv.len()];
+    grad.par_chunks_mut(n * 3 * d)
+        .zip(qkv.par_chunks(n * 3 * d))
+        .zip(grad_out.par_chunks(n * d))
+        .for_each_init(
+            || Scratch::new(dims),
+            |scratch, ((grad, qkv), grad_out)| {
+                let io = (qkv, grad_out, grad);
+                #[cfg(target_arch = "x86_64")]
+                if has_avx2_fma() {
+                    // SAFETY: the CPU supports AVX2 and FMA (checked above).
+                    return unsafe { backward_instance_avx2(dims, io, scratch) };
+                }
+                backward_instance::<Plain>(dims, io, scratch)
+            },
+        );
+    grad
+}
+
+/// One instance's `qkv` `[N, 3d]`, output gradient `[N, d]` and `qkv` gradient `[N, 3d]`.
+type BackwardIo<'a> = (&'a [f32], &'a [f32], &'a mut [f32]);
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn backward_instance_avx2(dims: Dims, io: BackwardIo, scratch: &mut Scratch) {
+    backward_instance::<Fused>(dims, io, scratch)
+}
+
+/// One instance, head by head. With a = softmax(s), s = q·k/√dk, o = Σ a v:
+/// ∂a_ij = g_i · v_j, ∂s_ij = a_ij (∂a_ij − Σ_j' a_ij' ∂a_ij') / √dk, then
+/// ∂q_i = Σ_j ∂s_ij k_j, ∂k_j = Σ_i ∂s_ij q_i, ∂v_j = Σ_i a_ij g_i.
+#[inline(always)]
+fn backward_instance<M: MulAdd>(dims: Dims, (qkv, grad_out, grad): BackwardIo, s: &mut Scratch) {
+    let (n, d, dk) = (dims.nodes, dims.embed(), dims.head_dim);
+    let np = padded(n);
+    let root = dims.root();
+    for head in 0..dims.heads {
+        attention_weights::<M>(dims, qkv, head, s);
+        by_feature(&qkv[2 * d + head * dk..], 3 * d, (n, dk), &mut s.values_t);
+        let by_gradient = RowsAt {
+            coef_stride: d,
+            count: dk,
+            out_stride: np,
+        };
+        let g = &grad_out[head * dk..];
+        weighted_sums_all::<M>(n, g, &s.values_t, (np, np), by_gradient, &mut s.d_scores);
+        for (ds, a) in s
+            .d_scores
+            .chunks_exact_mut(np)
+            .zip(s.attention.chunks_exact(np))
+        {
+            let dot = ds
+                .iter()
+                .zip(a)
+                .fold(0.0, |acc, (&x, &w)| M::mul_add(x, w, acc));
+            for (x, &w) in ds.iter_mut().zip(a) {
+                *x = w * (*x - dot) / root;
+            }
+        }
+        let over_nodes = RowsAt {
+            coef_stride: np,
+            count: n,
+            out_stride: 3 * d,
+        };
+        let keys = &qkv[d + head * dk..];
+        let d_queries = &mut grad[head * dk..];
+        weighted_sums_all::<M>(n, &s.d_scores, keys, (3 * d, dk), over_nodes, d_queries);
+        transposed(&s.d_scores, np, n, &mut s.d_scores_t);
+        transposed(&s.attention, np, n, &mut s.attention_t);
+        let over_rows = RowsAt {
+            coef_stride: n,
+            ..over_nodes
+        };
+        let queries = &qkv[head * dk..];
+        let d_keys = &mut grad[d + head * dk..];
+        weighted_sums_all::<M>(n, &s.d_scores_t, queries, (3 * d, dk), over_rows, d_keys);
+        let d_values = &mut grad[2 * d + head * dk..];
+        let g = (&grad_out[head * dk..], (d, dk));
+        weighted_sums_all::<M>(n, &s.attention_t, g.0, g.1, over_rows, d_values);
+    }
+}
