@@ -240,6 +240,25 @@ mod tests {
         }
     }
 
+    /// Work is split by instance and every sum taken in one order: one thread and three
+    /// give the same output and gradient, bit for bit.
+    #[test]
+    fn fused_self_attention_does_not_depend_on_the_thread_count() {
+        let device = Backend::default_compiled()
+            .unwrap()
+            .device()
+            .unwrap()
+            .autodiff();
+        let on = |threads| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("a thread pool");
+            pool.install(|| output_and_grad(&device, [7, 13, 4, 8], true))
+        };
+        assert_eq!(on(1), on(3));
+    }
+
     /// Without autodiff the fused form gives the same output as with it.
     #[test]
     fn fused_self_attention_runs_without_autodiff() {
