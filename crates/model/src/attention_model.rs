@@ -20,6 +20,7 @@ use burn::tensor::{Bool, Device, Int, Tensor};
 use crate::decode::{rollout, DecodeOptions, DecodeOutput, Policy};
 use crate::decoder_step::{fused_on, fused_step, keys_by_feature, StepKernel};
 use crate::encoder::{per_node, GraphEncoder, GraphEncoderConfig};
+use crate::linear::matmul_rows;
 use crate::problem::DeviceBatch;
 use crate::state::{CvrpState, LoadArithmetic};
 
@@ -146,10 +147,8 @@ impl AttentionModel {
         let heads = self.num_heads;
         let dk = d / heads;
         let graph_embedding = node_embeddings.clone().mean_dim(1).reshape([b, d]); // [B, d]
-        let fixed_context = self
-            .project_fixed_context
-            .forward(graph_embedding)
-            .reshape([b, 1, d]); // [B, 1, d]
+        let fixed_context =
+            crate::linear::forward(&self.project_fixed_context, graph_embedding).reshape([b, 1, d]); // [B, 1, d]
         let projected = per_node(&self.project_node_embeddings, node_embeddings.clone()); // [B, N, 3d]
 
         // The keys are scaled here once rather than the compatibilities at every step.
@@ -169,16 +168,18 @@ impl AttentionModel {
 
         // Linear layers here have no bias (Kool's too), so both folds are exact algebra.
         let step_weight = self.project_step_context.weight.val(); // [d + 1, d]
-        let last_node_context = node_embeddings
-            .reshape([b * n, d])
-            .matmul(step_weight.clone().slice_dim(0, 0..d))
-            .reshape([b, n, d]); // [B, N, d]
+        let last_node_context = matmul_rows(
+            node_embeddings.reshape([b * n, d]),
+            step_weight.clone().slice_dim(0, 0..d),
+        )
+        .reshape([b, n, d]); // [B, N, d]
         let capacity_context = step_weight.slice_dim(0, d..d + 1).reshape([1, 1, d]); // [1, 1, d]
         let out_weight_t = self.project_out.weight.val().transpose(); // [d, d]
-        let logit_keys = (projected.slice_dim(2, 2 * d..3 * d) / (d as f64).sqrt())
-            .reshape([b * n, d])
-            .matmul(out_weight_t)
-            .reshape([b, n, d]); // [B, N, d]
+        let logit_keys = matmul_rows(
+            (projected.slice_dim(2, 2 * d..3 * d) / (d as f64).sqrt()).reshape([b * n, d]),
+            out_weight_t,
+        )
+        .reshape([b, n, d]); // [B, N, d]
         let fused = self.step_kernel == StepKernel::Fused && fused_on(&device, n, heads, d);
         let by_feature =
             fused.then(|| keys_by_feature(&glimpse_keys, &glimpse_values, &logit_keys));

@@ -171,6 +171,25 @@ pub fn runs_through_cubecl(device: &Device) -> bool {
     }
 }
 
+/// Whether `device` (or the device an autodiff device wraps) is flex: the backend with the
+/// fused operations of this crate's own (decoder step, encoder attention, linear layers).
+pub(crate) fn runs_on_flex(device: &Device) -> bool {
+    use burn::backend::DispatchDevice;
+    fn is_flex(device: &DispatchDevice) -> bool {
+        match device {
+            #[cfg(feature = "flex")]
+            DispatchDevice::Flex(_) => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+    match device.as_dispatch() {
+        #[cfg(feature = "autodiff")]
+        DispatchDevice::Autodiff(inner) => is_flex(inner),
+        other => is_flex(other),
+    }
+}
+
 impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

@@ -192,7 +192,7 @@ impl MultiHeadSelfAttention {
 /// - `x`: `[B, N, in]` → `[B, N, out]`
 pub(crate) fn per_node(linear: &Linear, x: Tensor<3>) -> Tensor<3> {
     let [b, n, d_in] = x.dims();
-    let out = linear.forward(x.reshape([b * n, d_in])); // [B × N, out]
+    let out = crate::linear::forward(linear, x.reshape([b * n, d_in])); // [B × N, out]
     let [_, d_out] = out.dims();
     out.reshape([b, n, d_out])
 }
@@ -222,7 +222,9 @@ impl Norm {
             // Batch norm over every node of the batch: as `[B × N, d]` the features already
             // sit on axis 1, and the output stays contiguous (a swapped view would be copied
             // by every later gather and reshape).
-            Norm::Batch(bn) => bn.forward(h.reshape([b * n, d])).reshape([b, n, d]),
+            Norm::Batch(bn) => {
+                crate::batch_norm::forward(bn, h.reshape([b * n, d])).reshape([b, n, d])
+            }
             // Instance norm takes features on axis 1.
             Norm::Instance(inn) => inn.forward(h.swap_dims(1, 2)).swap_dims(1, 2),
             Norm::Layer(ln) => ln.forward(h),

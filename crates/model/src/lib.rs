@@ -7,12 +7,14 @@
 
 pub mod attention_model;
 pub mod backend;
+mod batch_norm;
 pub mod cubecl_config;
 #[cfg(unix)]
 pub mod cuda_driver;
 pub mod decode;
 pub mod decoder_step;
 pub mod encoder;
+mod linear;
 pub mod pointer_network;
 pub mod problem;
 pub mod routing_model;

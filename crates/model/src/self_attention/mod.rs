@@ -15,25 +15,9 @@
 mod flex_kernel;
 
 use burn::tensor::activation::softmax;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::Tensor;
 
-/// Whether the fused attention runs on `device` (with or without autodiff): on flex.
-pub(crate) fn fused_on(device: &Device) -> bool {
-    use burn::backend::DispatchDevice;
-    fn is_flex(device: &DispatchDevice) -> bool {
-        match device {
-            #[cfg(feature = "flex")]
-            DispatchDevice::Flex(_) => true,
-            #[allow(unreachable_patterns)]
-            _ => false,
-        }
-    }
-    match device.as_dispatch() {
-        #[cfg(feature = "autodiff")]
-        DispatchDevice::Autodiff(inner) => is_flex(inner),
-        other => is_flex(other),
-    }
-}
+pub(crate) use crate::backend::runs_on_flex as fused_on;
 
 /// Every head's attention from one `[B, N, 3d]` projection (queries, keys, values, each
 /// head-major), with Burn's tensor operations: the reference.
@@ -169,7 +153,7 @@ mod flex_impl {
 
 #[cfg(all(test, feature = "flex"))]
 mod tests {
-    use burn::tensor::TensorData;
+    use burn::tensor::{Device, TensorData};
 
     use super::*;
     use crate::backend::Backend;
