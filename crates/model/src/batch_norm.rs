@@ -296,7 +296,7 @@ mod tests {
 
     use super::*;
     use crate::backend::Backend;
-    use crate::test_values::pseudo_random;
+    use crate::test_values::{assert_close, pseudo_random};
 
     fn read<const D: usize>(t: Tensor<D>) -> Vec<f32> {
         t.into_data().try_to_vec::<f32>().expect("f32")
@@ -358,16 +358,7 @@ mod tests {
         for size in [[33, 128], [7, 5], [1408, 16], [1, 4]] {
             let ours = outputs(&device, size, true);
             let reference = outputs(&device, size, false);
-            for (what, (a, r)) in names.iter().zip(ours.iter().zip(&reference)) {
-                assert_eq!(a.len(), r.len(), "{size:?} {what}");
-                let scale = r.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-6);
-                for (i, (a, r)) in a.iter().zip(r).enumerate() {
-                    assert!(
-                        (a - r).abs() <= 1e-5 * scale,
-                        "{size:?} {what}[{i}]: fused {a} vs Burn's {r}"
-                    );
-                }
-            }
+            assert_close(&ours, &reference, &names, &format!("{size:?}"), 1e-5);
         }
     }
 

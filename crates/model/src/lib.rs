@@ -53,4 +53,27 @@ mod test_values {
             })
             .collect()
     }
+
+    /// Each of `ours` within `relative` of the matching `reference`, relative to that
+    /// reference's largest entry (exactly equal where it is all zero). `names` names the
+    /// tensors, `case` the inputs, in the message of the first entry that is not.
+    pub(crate) fn assert_close(
+        ours: &[Vec<f32>],
+        reference: &[Vec<f32>],
+        names: &[&str],
+        case: &str,
+        relative: f32,
+    ) {
+        assert_eq!(ours.len(), reference.len(), "{case}");
+        for ((a, r), what) in ours.iter().zip(reference).zip(names) {
+            assert_eq!(a.len(), r.len(), "{case} {what}: lengths");
+            let scale = r.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            for (i, (a, r)) in a.iter().zip(r).enumerate() {
+                assert!(
+                    (a - r).abs() <= relative * scale,
+                    "{case} {what}[{i}]: ours {a} vs the reference {r} (scale {scale})"
+                );
+            }
+        }
+    }
 }

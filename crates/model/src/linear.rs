@@ -363,7 +363,7 @@ mod tests {
 
     use super::*;
     use crate::backend::Backend;
-    use crate::test_values::pseudo_random;
+    use crate::test_values::{assert_close, pseudo_random};
 
     fn autodiff_device() -> Device {
         Backend::default_compiled()
@@ -440,16 +440,8 @@ mod tests {
                     "weight gradient",
                     "bias gradient",
                 ];
-                for (what, (a, r)) in names.iter().zip(ours.iter().zip(&reference)) {
-                    assert_eq!(a.len(), r.len(), "{size:?} bias {bias} {what}");
-                    let scale = r.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-                    for (i, (a, r)) in a.iter().zip(r).enumerate() {
-                        assert!(
-                            (a - r).abs() <= 1e-5 * scale,
-                            "{size:?} bias {bias} {what}[{i}]: fused {a} vs Burn's {r}"
-                        );
-                    }
-                }
+                let case = format!("{size:?} bias {bias}");
+                assert_close(&ours, &reference, &names, &case, 1e-5);
             }
         }
     }
