@@ -199,19 +199,21 @@ mod flex_impl {
     use super::BatchNormBackend;
     use crate::row_kernels::{floats, tensor};
 
-    /// The output, mean and variance of contiguous `x`, `gamma`, `beta`.
+    /// The output, mean and variance of contiguous `x`, `gamma`, `beta`, and the inverse
+    /// standard deviation the backward reads.
     fn forward(
         x: &FlexTensor,
         gamma: &FlexTensor,
         beta: &FlexTensor,
         epsilon: f64,
-    ) -> [FlexTensor; 3] {
+    ) -> ([FlexTensor; 3], Vec<f32>) {
         let shape = x.layout().shape().clone();
         let d = shape[1];
         let (mean, variance) = kernel::moments(floats(x), d);
         let inv_std = kernel::inverse_std(&variance, epsilon);
         let out = kernel::normalise(floats(x), [&mean, &inv_std, floats(gamma), floats(beta)]);
-        [tensor(out, shape), tensor(mean, [d]), tensor(variance, [d])]
+        let outputs = [tensor(out, shape), tensor(mean, [d]), tensor(variance, [d])];
+        (outputs, inv_std)
     }
 
     impl BatchNormBackend for Flex {
@@ -221,7 +223,7 @@ mod flex_impl {
             beta: FloatTensor<Self>,
             epsilon: f64,
         ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-            let [out, mean, variance] = forward(
+            let ([out, mean, variance], _) = forward(
                 &x.to_contiguous(),
                 &gamma.to_contiguous(),
                 &beta.to_contiguous(),
@@ -270,17 +272,14 @@ mod flex_impl {
             let x = x.into_primitive().to_contiguous();
             let gamma = gamma.into_primitive().to_contiguous();
             let beta = beta.into_primitive().to_contiguous();
-            let [out, mean, variance] = forward(&x, &gamma, &beta, epsilon);
+            let ([out, mean, variance], inv_std) = forward(&x, &gamma, &beta, epsilon);
             let untracked = |t: FlexTensor| <Self as AutodiffBackend>::from_inner(t);
             let out = match BatchNormBackward
                 .prepare::<C>(nodes)
                 .compute_bound()
                 .stateful()
             {
-                OpsKind::Tracked(prep) => {
-                    let inv_std = kernel::inverse_std(floats(&variance), epsilon);
-                    prep.finish((x, gamma, mean.clone(), inv_std), out)
-                }
+                OpsKind::Tracked(prep) => prep.finish((x, gamma, mean.clone(), inv_std), out),
                 OpsKind::UnTracked(prep) => prep.finish(out),
             };
             (out, untracked(mean), untracked(variance))
@@ -296,11 +295,7 @@ mod tests {
 
     use super::*;
     use crate::backend::Backend;
-    use crate::test_values::{assert_close, pseudo_random};
-
-    fn read<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-        t.into_data().try_to_vec::<f32>().expect("f32")
-    }
+    use crate::test_values::{assert_close, pseudo_random, read};
 
     /// The output; the gradients of the input, gamma and beta under a loss that weighs
     /// every output entry differently; and the running mean and variance after the step.

@@ -172,7 +172,7 @@ impl MultiHeadSelfAttention {
     pub fn forward(&self, h: Tensor<3>) -> Tensor<3> {
         let qkv = per_node(&self.qkv, h); // [B, N, 3d]
         let attended =
-            if self.kernel == StepKernel::Fused && self_attention::fused_on(&qkv.device()) {
+            if self.kernel == StepKernel::Fused && crate::backend::runs_on_flex(&qkv.device()) {
                 self_attention::fused(qkv, self.num_heads)
             } else {
                 self_attention::op_by_op(qkv, self.num_heads)

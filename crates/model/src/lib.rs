@@ -54,6 +54,11 @@ mod test_values {
             .collect()
     }
 
+    /// A tensor's values, in order.
+    pub(crate) fn read<const D: usize>(t: burn::tensor::Tensor<D>) -> Vec<f32> {
+        t.into_data().try_to_vec::<f32>().expect("f32")
+    }
+
     /// Each of `ours` within `relative` of the matching `reference`, relative to that
     /// reference's largest entry (exactly equal where it is all zero). `names` names the
     /// tensors, `case` the inputs, in the message of the first entry that is not.

@@ -133,9 +133,6 @@ mod kernel {
         rhs: Strided,
     ) -> Vec<f32> {
         assert!(lhs.covers(m, k) && rhs.covers(k, n) && row.is_none_or(|r| r.len() == n));
-        if k == 0 {
-            return row.map_or_else(|| vec![0.0; m * n], |row| row.repeat(m));
-        }
         // Without a bias the output is not zeroed first: gemm writes every entry.
         let mut out = row.map_or_else(|| Vec::with_capacity(m * n), |row| row.repeat(m));
         // flex's own threshold: below it a product is not worth splitting across threads.
@@ -147,7 +144,7 @@ mod kernel {
         let accumulate = row.is_some();
         // SAFETY: every index gemm reads is within the slices (checked above), and it
         // writes the m × n entries of `out`'s allocation; without `accumulate` it reads none
-        // of them, so the uninitialised capacity is only written.
+        // of them (it zeroes them when k = 0), so the uninitialised capacity is only written.
         unsafe {
             gemm::gemm(
                 m,
@@ -363,7 +360,7 @@ mod tests {
 
     use super::*;
     use crate::backend::Backend;
-    use crate::test_values::{assert_close, pseudo_random};
+    use crate::test_values::{assert_close, pseudo_random, read};
 
     fn autodiff_device() -> Device {
         Backend::default_compiled()
@@ -371,10 +368,6 @@ mod tests {
             .device()
             .unwrap()
             .autodiff()
-    }
-
-    fn read<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-        t.into_data().try_to_vec::<f32>().expect("f32")
     }
 
     /// A layer with fixed pseudo-random weights (Burn's initialiser draws new ones per call).

@@ -17,8 +17,6 @@ mod flex_kernel;
 use burn::tensor::activation::softmax;
 use burn::tensor::Tensor;
 
-pub(crate) use crate::backend::runs_on_flex as fused_on;
-
 /// Every head's attention from one `[B, N, 3d]` projection (queries, keys, values, each
 /// head-major), with Burn's tensor operations: the reference.
 ///
@@ -38,7 +36,8 @@ pub(crate) fn op_by_op(qkv: Tensor<3>, heads: usize) -> Tensor<3> {
     attended.swap_dims(1, 2).reshape([b, n, d]) // [B, N, d]
 }
 
-/// The fused form of [`op_by_op`]; call it only where [`fused_on`] holds.
+/// The fused form of [`op_by_op`]; call it only where [`crate::backend::runs_on_flex`]
+/// holds.
 ///
 /// # Shapes
 /// - `qkv`: `[B, N, 3d]` → `[B, N, d]`
@@ -51,7 +50,9 @@ pub(crate) fn fused(qkv: Tensor<3>, heads: usize) -> Tensor<3> {
 
 #[cfg(not(feature = "flex"))]
 pub(crate) fn fused(_qkv: Tensor<3>, _heads: usize) -> Tensor<3> {
-    unreachable!("no backend with a fused self-attention is compiled in; check `fused_on` first")
+    unreachable!(
+        "no backend with a fused self-attention is compiled in; check `runs_on_flex` first"
+    )
 }
 
 #[cfg(feature = "flex")]
@@ -196,7 +197,7 @@ mod tests {
             .unwrap()
             .autodiff();
         assert!(
-            fused_on(&device),
+            crate::backend::runs_on_flex(&device),
             "the test runs where the fused form exists"
         );
         for size in [
@@ -242,7 +243,7 @@ mod tests {
     #[test]
     fn fused_self_attention_runs_without_autodiff() {
         let device = Backend::default_compiled().unwrap().device().unwrap();
-        assert!(fused_on(&device));
+        assert!(crate::backend::runs_on_flex(&device));
         let (b, n, heads, dk) = (2, 9, 4, 8);
         let values = pseudo_random(b * n * 3 * heads * dk, 3, 1.0);
         let on = |device: &Device| {
