@@ -74,39 +74,58 @@ impl Scratch {
 }
 
 /// `out[b, i, head] = Σ_j softmax_j(q_i · k_j / √dk) v_j` for every instance, node and
-/// head: `[B, N, d]` from `qkv` `[B, N, 3d]`.
-pub(crate) fn forward(dims: Dims, qkv: &[f32]) -> Vec<f32> {
+/// head: `[B, N, d]` from `qkv` `[B, N, 3d]`. With `weights` (`[B, H, N, Np]`, see
+/// [`weights_len`]) the attention weights are kept there for the backward.
+pub(crate) fn forward(dims: Dims, qkv: &[f32], weights: Option<&mut [f32]>) -> Vec<f32> {
     let (n, d) = (dims.nodes, dims.embed());
     let mut out = vec![0.0f32; qkv.len() / 3];
+    let instances = out.len() / (n * d).max(1);
+    let per_instance: Vec<Option<&mut [f32]>> = match weights {
+        Some(w) => w.chunks_mut(dims.heads * n * padded(n)).map(Some).collect(),
+        None => (0..instances).map(|_| None).collect(),
+    };
     out.par_chunks_mut(n * d)
         .zip(qkv.par_chunks(n * 3 * d))
+        .zip(per_instance)
         .for_each_init(
             || Scratch::new(dims),
-            |scratch, (out, qkv)| {
+            |scratch, ((out, qkv), weights)| {
                 #[cfg(target_arch = "x86_64")]
                 if has_avx2_fma() {
                     // SAFETY: the CPU supports AVX2 and FMA (checked above).
-                    return unsafe { forward_instance_avx2(dims, qkv, out, scratch) };
+                    return unsafe { forward_instance_avx2(dims, qkv, (out, weights), scratch) };
                 }
-                forward_instance::<Plain>(dims, qkv, out, scratch)
+                forward_instance::<Plain>(dims, qkv, (out, weights), scratch)
             },
         );
     out
 }
 
+/// The length of the attention weights [`forward`] keeps for `instances`: `[B, H, N, Np]`.
+pub(crate) fn weights_len(dims: Dims, instances: usize) -> usize {
+    instances * dims.heads * dims.nodes * padded(dims.nodes)
+}
+
+/// One instance's output `[N, d]`, and where to keep its weights `[H, N, Np]`.
+type ForwardOut<'a> = (&'a mut [f32], Option<&'a mut [f32]>);
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn forward_instance_avx2(dims: Dims, qkv: &[f32], out: &mut [f32], scratch: &mut Scratch) {
+fn forward_instance_avx2(dims: Dims, qkv: &[f32], out: ForwardOut, scratch: &mut Scratch) {
     forward_instance::<Fused>(dims, qkv, out, scratch)
 }
 
 /// One instance: `qkv` `[N, 3d]` → `out` `[N, d]`.
 #[inline(always)]
-fn forward_instance<M: MulAdd>(dims: Dims, qkv: &[f32], out: &mut [f32], s: &mut Scratch) {
+fn forward_instance<M: MulAdd>(dims: Dims, qkv: &[f32], io: ForwardOut, s: &mut Scratch) {
     let (n, d, dk) = (dims.nodes, dims.embed(), dims.head_dim);
     let np = padded(n);
+    let (out, mut weights) = io;
     for head in 0..dims.heads {
         attention_weights::<M>(dims, qkv, head, s);
+        if let Some(w) = weights.as_deref_mut() {
+            w[head * n * np..][..n * np].copy_from_slice(&s.attention);
+        }
         let by_weight = RowsAt {
             coef_stride: np,
             count: n,
@@ -161,18 +180,19 @@ fn transposed(square: &[f32], stride: usize, n: usize, out: &mut [f32]) {
     }
 }
 
-/// The gradient of `qkv` `[B, N, 3d]` from the output's, `grad_out` `[B, N, d]`; the
-/// attention weights are computed again (they are as large as the rest of the pass).
-pub(crate) fn backward(dims: Dims, qkv: &[f32], grad_out: &[f32]) -> Vec<f32> {
+/// The gradient of `qkv` `[B, N, 3d]` from the output's, `grad_out` `[B, N, d]`, and the
+/// attention weights the forward kept.
+pub(crate) fn backward(dims: Dims, qkv: &[f32], weights: &[f32], grad_out: &[f32]) -> Vec<f32> {
     let (n, d) = (dims.nodes, dims.embed());
     let mut grad = vec![0.0f32; qkv.len()];
     grad.par_chunks_mut(n * 3 * d)
         .zip(qkv.par_chunks(n * 3 * d))
+        .zip(weights.par_chunks(dims.heads * n * padded(n)))
         .zip(grad_out.par_chunks(n * d))
         .for_each_init(
             || Scratch::new(dims),
-            |scratch, ((grad, qkv), grad_out)| {
-                let io = (qkv, grad_out, grad);
+            |scratch, (((grad, qkv), weights), grad_out)| {
+                let io = (qkv, weights, grad_out, grad);
                 #[cfg(target_arch = "x86_64")]
                 if has_avx2_fma() {
                     // SAFETY: the CPU supports AVX2 and FMA (checked above).
@@ -184,8 +204,9 @@ pub(crate) fn backward(dims: Dims, qkv: &[f32], grad_out: &[f32]) -> Vec<f32> {
     grad
 }
 
-/// One instance's `qkv` `[N, 3d]`, output gradient `[N, d]` and `qkv` gradient `[N, 3d]`.
-type BackwardIo<'a> = (&'a [f32], &'a [f32], &'a mut [f32]);
+/// One instance's `qkv` `[N, 3d]`, attention weights `[H, N, Np]`, output gradient
+/// `[N, d]` and `qkv` gradient `[N, 3d]`.
+type BackwardIo<'a> = (&'a [f32], &'a [f32], &'a [f32], &'a mut [f32]);
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
@@ -197,12 +218,14 @@ fn backward_instance_avx2(dims: Dims, io: BackwardIo, scratch: &mut Scratch) {
 /// ∂a_ij = g_i · v_j, ∂s_ij = a_ij (∂a_ij − Σ_j' a_ij' ∂a_ij') / √dk, then
 /// ∂q_i = Σ_j ∂s_ij k_j, ∂k_j = Σ_i ∂s_ij q_i, ∂v_j = Σ_i a_ij g_i.
 #[inline(always)]
-fn backward_instance<M: MulAdd>(dims: Dims, (qkv, grad_out, grad): BackwardIo, s: &mut Scratch) {
+fn backward_instance<M: MulAdd>(dims: Dims, io: BackwardIo, s: &mut Scratch) {
+    let (qkv, weights, grad_out, grad) = io;
     let (n, d, dk) = (dims.nodes, dims.embed(), dims.head_dim);
     let np = padded(n);
     let root = dims.root();
     for head in 0..dims.heads {
-        attention_weights::<M>(dims, qkv, head, s);
+        s.attention
+            .copy_from_slice(&weights[head * n * np..][..n * np]);
         by_feature(&qkv[2 * d + head * dk..], 3 * d, (n, dk), &mut s.values_t);
         let by_gradient = RowsAt {
             coef_stride: d,

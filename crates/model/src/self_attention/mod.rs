@@ -95,25 +95,34 @@ mod flex_impl {
         }
     }
 
-    fn forward(qkv: &FlexTensor, heads: usize) -> FlexTensor {
+    /// The output, and the attention weights kept in `weights` if given.
+    fn forward(qkv: &FlexTensor, heads: usize, weights: Option<&mut [f32]>) -> FlexTensor {
         let dims = dims(qkv, heads);
         let shape = qkv.layout().shape();
         let shape = [shape[0], shape[1], heads * dims.head_dim];
-        tensor(flex_kernel::forward(dims, floats(qkv)), shape)
+        tensor(flex_kernel::forward(dims, floats(qkv), weights), shape)
     }
 
     impl SelfAttentionBackend for Flex {
         fn self_attention(qkv: FloatTensor<Self>, heads: usize) -> FloatTensor<Self> {
-            forward(&qkv.to_contiguous(), heads)
+            forward(&qkv.to_contiguous(), heads, None)
         }
+    }
+
+    /// What the backward reads: the (contiguous) projection, the forward's attention
+    /// weights (recomputing them cost as much as the rest of the backward) and the heads.
+    #[derive(Debug, Clone)]
+    struct Saved {
+        qkv: FlexTensor,
+        weights: Vec<f32>,
+        heads: usize,
     }
 
     #[derive(Debug)]
     struct SelfAttentionBackward;
 
     impl Backward<Flex, 1> for SelfAttentionBackward {
-        /// The (contiguous) projection and the number of heads.
-        type State = (FlexTensor, usize);
+        type State = Saved;
 
         fn backward(
             self,
@@ -121,12 +130,16 @@ mod flex_impl {
             grads: &mut Gradients,
             _checkpointer: &mut Checkpointer,
         ) {
-            let (qkv, heads) = ops.state;
+            let Saved {
+                qkv,
+                weights,
+                heads,
+            } = ops.state;
             let grad_out = grads.consume::<Flex>(&ops.node).to_contiguous();
             let [parent] = ops.parents;
             if let Some(node) = parent {
-                let grad =
-                    flex_kernel::backward(dims(&qkv, heads), floats(&qkv), floats(&grad_out));
+                let dims = dims(&qkv, heads);
+                let grad = flex_kernel::backward(dims, floats(&qkv), &weights, floats(&grad_out));
                 let shape = qkv.layout().shape().clone();
                 grads.register::<Flex>(node.id, tensor(grad, shape));
             }
@@ -143,10 +156,18 @@ mod flex_impl {
                 .stateful()
             {
                 OpsKind::Tracked(prep) => {
-                    let out = forward(&qkv, heads);
-                    prep.finish((qkv, heads), out)
+                    let instances = qkv.layout().shape()[0];
+                    let mut weights =
+                        vec![0.0; flex_kernel::weights_len(dims(&qkv, heads), instances)];
+                    let out = forward(&qkv, heads, Some(&mut weights));
+                    let saved = Saved {
+                        qkv,
+                        weights,
+                        heads,
+                    };
+                    prep.finish(saved, out)
                 }
-                OpsKind::UnTracked(prep) => prep.finish(forward(&qkv, heads)),
+                OpsKind::UnTracked(prep) => prep.finish(forward(&qkv, heads, None)),
             }
         }
     }
