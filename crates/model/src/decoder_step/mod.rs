@@ -15,10 +15,13 @@
 //! op-by-op form in `AttentionModel` runs; it stays the reference the tests compare
 //! against.
 
+mod by_feature;
 #[cfg(any(feature = "cuda", feature = "cpu"))]
 mod cube_kernel;
 #[cfg(feature = "flex")]
 mod flex_kernel;
+
+pub(crate) use by_feature::keys_by_feature;
 
 use burn::tensor::{Bool, Device, Tensor};
 
@@ -56,37 +59,6 @@ pub fn fused_on(device: &Device, nodes: usize, heads: usize, d: usize) -> bool {
         DispatchDevice::Autodiff(inner) => has_kernel(inner, size, true),
         other => has_kernel(other, size, false),
     }
-}
-
-/// The glimpse keys, logit keys and glimpse values by feature, the layout the fused
-/// step's products read: made once per decode, not at every step. Detached: the step
-/// gives its gradients to the node-major inputs it is passed beside.
-///
-/// # Shapes
-/// - `glimpse_keys`, `glimpse_values`: `[B, N, H, dk]`, `logit_keys`: `[B, N, d]`
-/// - output: `[B, 3d, Np]` (glimpse keys, logit keys, values), Np = N rounded up to a
-///   multiple of 8, zero beyond N
-pub(crate) fn keys_by_feature(
-    glimpse_keys: &Tensor<4>,
-    glimpse_values: &Tensor<4>,
-    logit_keys: &Tensor<3>,
-) -> Tensor<3> {
-    let [b, n, heads, dk] = glimpse_keys.dims();
-    let d = heads * dk;
-    let node_major = Tensor::cat(
-        vec![
-            glimpse_keys.clone().reshape([b, n, d]),
-            logit_keys.clone(),
-            glimpse_values.clone().reshape([b, n, d]),
-        ],
-        2,
-    )
-    .detach(); // [B, N, 3d]
-    let by_feature = node_major.swap_dims(1, 2); // [B, 3d, N]
-    let padding = n.div_ceil(8) * 8 - n;
-    let zeros = Tensor::zeros([b, 3 * d, padding], &glimpse_keys.device());
-    // `cat` writes a new contiguous tensor, even with nothing to append.
-    Tensor::cat(vec![by_feature, zeros], 2) // [B, 3d, Np]
 }
 
 /// The fused step; call it only where [`fused_on`] holds.
@@ -568,68 +540,5 @@ mod flex_impl {
                 OpsKind::UnTracked(prep) => prep.finish(step.forward().0),
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use burn::tensor::TensorData;
-
-    use super::*;
-    use crate::backend::Backend;
-
-    /// One instance, 3 nodes, 2 heads of 1 feature (d = 2): each part's features by node,
-    /// padded with zeros to 8 nodes, written out by hand.
-    #[test]
-    fn keys_by_feature_is_each_part_by_feature_zero_padded() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
-        let node_major = |values: [f32; 6]| TensorData::new(values.to_vec(), [1, 3, 2]);
-        let keys = Tensor::<3>::from_data(node_major([1., 2., 3., 4., 5., 6.]), &device);
-        let logit_keys = Tensor::<3>::from_data(node_major([7., 8., 9., 10., 11., 12.]), &device);
-        let values = Tensor::<3>::from_data(node_major([-1., -2., -3., -4., -5., -6.]), &device);
-        let by_feature = keys_by_feature(
-            &keys.reshape([1, 3, 2, 1]),
-            &values.reshape([1, 3, 2, 1]),
-            &logit_keys,
-        );
-        assert_eq!(by_feature.dims(), [1, 6, 8]);
-        let pad = |a: f32, b: f32, c: f32| [a, b, c, 0., 0., 0., 0., 0.];
-        let expected: Vec<f32> = [
-            pad(1., 3., 5.),
-            pad(2., 4., 6.),
-            pad(7., 9., 11.),
-            pad(8., 10., 12.),
-            pad(-1., -3., -5.),
-            pad(-2., -4., -6.),
-        ]
-        .concat();
-        assert_eq!(
-            by_feature.into_data().try_to_vec::<f32>().unwrap(),
-            expected
-        );
-    }
-
-    /// A whole number of 8-node vectors: nothing to pad (a zero-width `cat`).
-    #[test]
-    fn keys_by_feature_without_padding() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
-        let part = |offset: f32| {
-            let values: Vec<f32> = (0..8).map(|i| offset + i as f32).collect();
-            Tensor::<3>::from_data(TensorData::new(values, [1, 8, 1]), &device)
-        };
-        let by_feature = keys_by_feature(
-            &part(0.0).reshape([1, 8, 1, 1]),
-            &part(20.0).reshape([1, 8, 1, 1]),
-            &part(10.0),
-        );
-        assert_eq!(by_feature.dims(), [1, 3, 8]);
-        let expected: Vec<f32> = [0.0f32, 10.0, 20.0]
-            .iter()
-            .flat_map(|&offset| (0..8).map(move |i| offset + i as f32))
-            .collect();
-        assert_eq!(
-            by_feature.into_data().try_to_vec::<f32>().unwrap(),
-            expected
-        );
     }
 }

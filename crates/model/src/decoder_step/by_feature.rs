@@ -1,0 +1,251 @@
+//! The fused step's keys by feature, `[B, 3d, Np]`, from the node-major keys and values.
+//!
+//! In Burn's tensor operations that is a `cat`, a transposed view and a second `cat` for
+//! the padding, and on flex each writes the whole tensor: ~2% of a `tiny_1` epoch. On
+//! flex it is one pass over the instances instead; elsewhere (CubeCL, ndarray) the
+//! tensor-operation form runs, which the tests compare against.
+
+use burn::tensor::Tensor;
+
+/// The glimpse keys, logit keys and glimpse values by feature, the layout the fused
+/// step's products read: made once per decode, not at every step. Detached: the step
+/// gives its gradients to the node-major inputs it is passed beside.
+///
+/// # Shapes
+/// - `glimpse_keys`, `glimpse_values`: `[B, N, H, dk]`, `logit_keys`: `[B, N, d]`
+/// - output: `[B, 3d, Np]` (glimpse keys, logit keys, values), Np = N rounded up to a
+///   multiple of 8, zero beyond N
+pub(crate) fn keys_by_feature(
+    glimpse_keys: &Tensor<4>,
+    glimpse_values: &Tensor<4>,
+    logit_keys: &Tensor<3>,
+) -> Tensor<3> {
+    if crate::backend::runs_on_flex(&logit_keys.device()) {
+        on_flex(glimpse_keys, glimpse_values, logit_keys)
+    } else {
+        op_by_op(glimpse_keys, glimpse_values, logit_keys)
+    }
+}
+
+/// [`keys_by_feature`] in Burn's tensor operations.
+fn op_by_op(
+    glimpse_keys: &Tensor<4>,
+    glimpse_values: &Tensor<4>,
+    logit_keys: &Tensor<3>,
+) -> Tensor<3> {
+    let [b, n, heads, dk] = glimpse_keys.dims();
+    let d = heads * dk;
+    let node_major = Tensor::cat(
+        vec![
+            glimpse_keys.clone().reshape([b, n, d]),
+            logit_keys.clone(),
+            glimpse_values.clone().reshape([b, n, d]),
+        ],
+        2,
+    )
+    .detach(); // [B, N, 3d]
+    let by_feature = node_major.swap_dims(1, 2); // [B, 3d, N]
+    let padding = n.div_ceil(8) * 8 - n;
+    let zeros = Tensor::zeros([b, 3 * d, padding], &glimpse_keys.device());
+    // `cat` writes a new contiguous tensor, even with nothing to append.
+    Tensor::cat(vec![by_feature, zeros], 2) // [B, 3d, Np]
+}
+
+#[cfg(feature = "flex")]
+fn on_flex(
+    glimpse_keys: &Tensor<4>,
+    glimpse_values: &Tensor<4>,
+    logit_keys: &Tensor<3>,
+) -> Tensor<3> {
+    use burn::backend::Dispatch;
+    let [b, n, heads, dk] = glimpse_keys.dims();
+    let node_major = |t: Tensor<4>| t.reshape([b, n, heads * dk]).into_dispatch();
+    let out = <Dispatch as KeysByFeatureBackend>::keys_by_feature(
+        node_major(glimpse_keys.clone()),
+        logit_keys.clone().into_dispatch(),
+        node_major(glimpse_values.clone()),
+    );
+    Tensor::from_dispatch(out)
+}
+
+#[cfg(not(feature = "flex"))]
+fn on_flex(_: &Tensor<4>, _: &Tensor<4>, _: &Tensor<3>) -> Tensor<3> {
+    unreachable!("flex is not compiled in; check `runs_on_flex` first")
+}
+
+#[cfg(feature = "flex")]
+use extension::KeysByFeatureBackend;
+
+#[cfg(feature = "flex")]
+mod extension {
+    use burn::backend::backend_extension;
+    use burn::backend::tensor::FloatTensor;
+
+    /// [`super::keys_by_feature`] as a backend operation, untracked.
+    #[backend_extension(Autodiff: cfg(feature = "autodiff"), Flex: cfg(feature = "flex"))]
+    pub trait KeysByFeatureBackend: burn::backend::Backend {
+        /// Three node-major `[B, N, d]` parts → `[B, 3d, Np]`, the parts in this order.
+        fn keys_by_feature(
+            first: FloatTensor<Self>,
+            second: FloatTensor<Self>,
+            third: FloatTensor<Self>,
+        ) -> FloatTensor<Self>;
+    }
+}
+
+#[cfg(feature = "flex")]
+mod flex_impl {
+    use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+    use burn::backend::autodiff::Autodiff;
+    use burn::backend::tensor::FloatTensor;
+    use burn::backend::{AutodiffBackend, Flex};
+    use burn_flex::FlexTensor;
+    use rayon::prelude::*;
+
+    use super::KeysByFeatureBackend;
+    use crate::row_kernels::{floats, padded, tensor};
+
+    /// Each instance's parts transposed side by side: `out[b, p·d + f, j] = parts[p][b, j, f]`.
+    fn by_feature(parts: [&FlexTensor; 3]) -> FlexTensor {
+        let shape = parts[0].layout().shape();
+        let (b, n, d) = (shape[0], shape[1], shape[2]);
+        let np = padded(n);
+        let parts = parts.map(floats);
+        let mut out = vec![0.0f32; b * 3 * d * np];
+        out.par_chunks_mut((3 * d * np).max(1))
+            .enumerate()
+            .for_each(|(instance, out)| {
+                for (p, part) in parts.iter().enumerate() {
+                    let out = &mut out[p * d * np..];
+                    let rows = part[instance * n * d..][..n * d].chunks_exact(d);
+                    for (j, row) in rows.enumerate() {
+                        for (f, &x) in row.iter().enumerate() {
+                            out[f * np + j] = x;
+                        }
+                    }
+                }
+            });
+        tensor(out, [b, 3 * d, np])
+    }
+
+    impl KeysByFeatureBackend for Flex {
+        fn keys_by_feature(
+            first: FloatTensor<Self>,
+            second: FloatTensor<Self>,
+            third: FloatTensor<Self>,
+        ) -> FloatTensor<Self> {
+            let parts = [first, second, third].map(|t| t.to_contiguous());
+            by_feature([&parts[0], &parts[1], &parts[2]])
+        }
+    }
+
+    impl<C: CheckpointStrategy> KeysByFeatureBackend for Autodiff<Flex, C> {
+        fn keys_by_feature(
+            first: FloatTensor<Self>,
+            second: FloatTensor<Self>,
+            third: FloatTensor<Self>,
+        ) -> FloatTensor<Self> {
+            let parts = [first, second, third].map(|t| t.into_primitive());
+            let out = Flex::keys_by_feature(parts[0].clone(), parts[1].clone(), parts[2].clone());
+            <Self as AutodiffBackend>::from_inner(out)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Device, TensorData};
+
+    use super::*;
+    use crate::backend::Backend;
+    use crate::test_values::pseudo_random;
+
+    /// Both forms of [`keys_by_feature`] (the dispatching one and the tensor-operation
+    /// one), each as a flat vector.
+    fn both_forms(keys: &Tensor<4>, values: &Tensor<4>, logit_keys: &Tensor<3>) -> [Vec<f32>; 2] {
+        let read = |t: Tensor<3>| t.into_data().try_to_vec::<f32>().unwrap();
+        [
+            read(keys_by_feature(keys, values, logit_keys)),
+            read(op_by_op(keys, values, logit_keys)),
+        ]
+    }
+
+    fn default_device() -> Device {
+        Backend::default_compiled().unwrap().device().unwrap()
+    }
+
+    /// One instance, 3 nodes, 2 heads of 1 feature (d = 2): each part's features by node,
+    /// padded with zeros to 8 nodes, written out by hand.
+    #[test]
+    fn keys_by_feature_is_each_part_by_feature_zero_padded() {
+        let device = default_device();
+        let node_major = |values: [f32; 6]| TensorData::new(values.to_vec(), [1, 3, 2]);
+        let keys = Tensor::<3>::from_data(node_major([1., 2., 3., 4., 5., 6.]), &device);
+        let logit_keys = Tensor::<3>::from_data(node_major([7., 8., 9., 10., 11., 12.]), &device);
+        let values = Tensor::<3>::from_data(node_major([-1., -2., -3., -4., -5., -6.]), &device);
+        let (keys, values) = (keys.reshape([1, 3, 2, 1]), values.reshape([1, 3, 2, 1]));
+        assert_eq!(
+            keys_by_feature(&keys, &values, &logit_keys).dims(),
+            [1, 6, 8]
+        );
+        let pad = |a: f32, b: f32, c: f32| [a, b, c, 0., 0., 0., 0., 0.];
+        let expected: Vec<f32> = [
+            pad(1., 3., 5.),
+            pad(2., 4., 6.),
+            pad(7., 9., 11.),
+            pad(8., 10., 12.),
+            pad(-1., -3., -5.),
+            pad(-2., -4., -6.),
+        ]
+        .concat();
+        for form in both_forms(&keys, &values, &logit_keys) {
+            assert_eq!(form, expected);
+        }
+    }
+
+    /// A whole number of 8-node vectors: nothing to pad (a zero-width `cat`).
+    #[test]
+    fn keys_by_feature_without_padding() {
+        let device = default_device();
+        let part = |offset: f32| {
+            let values: Vec<f32> = (0..8).map(|i| offset + i as f32).collect();
+            Tensor::<3>::from_data(TensorData::new(values, [1, 8, 1]), &device)
+        };
+        let (keys, values) = (
+            part(0.0).reshape([1, 8, 1, 1]),
+            part(20.0).reshape([1, 8, 1, 1]),
+        );
+        let expected: Vec<f32> = [0.0f32, 10.0, 20.0]
+            .iter()
+            .flat_map(|&offset| (0..8).map(move |i| offset + i as f32))
+            .collect();
+        for form in both_forms(&keys, &values, &part(10.0)) {
+            assert_eq!(form, expected);
+        }
+    }
+
+    /// The flex form is the tensor-operation form, value for value, on the shipped
+    /// models' sizes and odd ones, with and without autodiff (and strided inputs).
+    #[test]
+    fn keys_by_feature_on_flex_matches_the_tensor_operations() {
+        let device = default_device();
+        assert!(crate::backend::runs_on_flex(&device));
+        for device in [device.clone(), device.autodiff()] {
+            for [b, n, heads, dk] in [[3, 11, 8, 16], [2, 101, 8, 16], [4, 5, 2, 3], [1, 1, 1, 1]] {
+                let d = heads * dk;
+                let random = |seed| {
+                    let data = TensorData::new(pseudo_random(b * n * d, seed, 1.0), [b, n, d]);
+                    Tensor::<3>::from_data(data, &device)
+                };
+                let keys = random(1).reshape([b, n, heads, dk]);
+                // A strided view, as a slice of the node projection would be.
+                let values = Tensor::cat(vec![random(2), random(3)], 2)
+                    .slice_dim(2, 0..d)
+                    .reshape([b, n, heads, dk]);
+                let [ours, reference] = both_forms(&keys, &values, &random(4));
+                assert!(reference.iter().any(|&x| x != 0.0));
+                assert_eq!(ours, reference, "[{b}, {n}, {heads}, {dk}]");
+            }
+        }
+    }
+}
