@@ -223,10 +223,9 @@ impl Norm {
             // sit on axis 1, and the output stays contiguous (a swapped view would be copied
             // by every later gather and reshape).
             Norm::Batch(bn) => {
-                crate::batch_norm::forward(bn, h.reshape([b * n, d])).reshape([b, n, d])
+                crate::normalization::batch_norm(bn, h.reshape([b * n, d])).reshape([b, n, d])
             }
-            // Instance norm takes features on axis 1.
-            Norm::Instance(inn) => inn.forward(h.swap_dims(1, 2)).swap_dims(1, 2),
+            Norm::Instance(inn) => crate::normalization::instance_norm(inn, h),
             Norm::Layer(ln) => ln.forward(h),
         }
     }

@@ -7,7 +7,6 @@
 
 pub mod attention_model;
 pub mod backend;
-mod batch_norm;
 pub mod cubecl_config;
 #[cfg(unix)]
 pub mod cuda_driver;
@@ -15,6 +14,7 @@ pub mod decode;
 pub mod decoder_step;
 pub mod encoder;
 mod linear;
+mod normalization;
 pub mod pointer_network;
 pub mod problem;
 pub mod routing_model;

@@ -1,0 +1,519 @@
+//! Batch normalisation in training and instance normalisation of node embeddings, over
+//! the rows of `[R, d]` as one operation on flex, forward and backward.
+//!
+//! Burn 0.22.1's batch norm in training is a default method of its backend trait, written
+//! for `[B, C, ...]` inputs: it swaps the channel axis to the front for every statistic,
+//! and flex copies each swapped view (`copy_2d_tiled`), twice in the forward and twice in
+//! the backward, around ~15 elementwise passes. That was ~6% of a `tiny_1` epoch. Its
+//! instance norm is group norm over `[B, C, ...]` too: the encoder swaps the features to
+//! axis 1 (a view the group norm's reshape copies), ~8 tracked elementwise operations
+//! follow, and the output is swapped back (copied again by the next linear layer); ~5% of
+//! a POMO step.
+//!
+//! Over rows the statistics are column sums of a row-major matrix: batch norm takes them
+//! over all rows, instance norm over each instance's N rows (its nodes), with gamma and
+//! beta shared. The forward is three passes (mean, variance, output), the backward two.
+//!
+//! Only flex has it; batch norm only in training (with running statistics, inference is a
+//! per-feature scale and shift, which Burn does in one broadcast pass). Elsewhere Burn's
+//! modules run, which the tests compare against.
+
+use burn::nn::{BatchNorm, InstanceNorm};
+use burn::tensor::Tensor;
+
+/// `norm` over the rows of `x`, updating its running statistics as Burn's does.
+///
+/// # Shapes
+/// - `x`: `[R, d]` → `[R, d]`
+pub(crate) fn batch_norm(norm: &BatchNorm, x: Tensor<2>) -> Tensor<2> {
+    let device = x.device();
+    let training = device.is_autodiff() && norm.training.is_enabled();
+    if !(training && crate::backend::runs_on_flex(&device)) {
+        return norm.forward(x);
+    }
+    let [rows, d] = x.dims();
+    let (out, mean, variance) = fused(x, norm.gamma.val(), norm.beta.val(), norm.epsilon, rows);
+    // The same update as `BatchNorm::forward_train`.
+    let momentum = norm.momentum;
+    let update = |running: Tensor<1>, batch: Tensor<2>| {
+        let running = running.to_device(&device).mul_scalar(1.0 - momentum);
+        running
+            .add(batch.reshape([d]).mul_scalar(momentum))
+            .detach()
+    };
+    let running_mean = update(norm.running_mean.value_sync(), mean);
+    let running_var = update(norm.running_var.value_sync(), variance);
+    norm.running_mean.update(running_mean);
+    norm.running_var.update(running_var);
+    out
+}
+
+/// `norm` over each instance's nodes, in training and inference alike (it keeps no
+/// running statistics).
+///
+/// # Shapes
+/// - `x`: `[B, N, d]` → `[B, N, d]`
+pub(crate) fn instance_norm(norm: &InstanceNorm, x: Tensor<3>) -> Tensor<3> {
+    let [b, n, d] = x.dims();
+    match (&norm.gamma, &norm.beta) {
+        (Some(gamma), Some(beta)) if crate::backend::runs_on_flex(&x.device()) => {
+            let rows = x.reshape([b * n, d]);
+            let (out, _, _) = fused(rows, gamma.val(), beta.val(), norm.epsilon, n);
+            out.reshape([b, n, d])
+        }
+        // Burn's takes the features on axis 1.
+        _ => norm.forward(x.swap_dims(1, 2)).swap_dims(1, 2),
+    }
+}
+
+/// The rows normalised in groups of `group_rows` consecutive rows, and each group's mean
+/// and (biased) variance per feature, untracked; call it only where
+/// [`crate::backend::runs_on_flex`] holds.
+///
+/// # Shapes
+/// - `x`: `[R, d]`, `gamma`, `beta`: `[d]` → `[R, d]`, `[G, d]`, `[G, d]` (G = R / group_rows)
+#[cfg(feature = "flex")]
+fn fused(
+    x: Tensor<2>,
+    gamma: Tensor<1>,
+    beta: Tensor<1>,
+    epsilon: f64,
+    group_rows: usize,
+) -> (Tensor<2>, Tensor<2>, Tensor<2>) {
+    use burn::backend::Dispatch;
+    let (out, mean, variance) = <Dispatch as NormBackend>::norm_rows(
+        x.into_dispatch(),
+        gamma.into_dispatch(),
+        beta.into_dispatch(),
+        epsilon,
+        group_rows,
+    );
+    (
+        Tensor::from_dispatch(out),
+        Tensor::from_dispatch(mean),
+        Tensor::from_dispatch(variance),
+    )
+}
+
+#[cfg(not(feature = "flex"))]
+fn fused(
+    _x: Tensor<2>,
+    _gamma: Tensor<1>,
+    _beta: Tensor<1>,
+    _epsilon: f64,
+    _group_rows: usize,
+) -> (Tensor<2>, Tensor<2>, Tensor<2>) {
+    unreachable!("flex is not compiled in; check `runs_on_flex` first")
+}
+
+#[cfg(feature = "flex")]
+use extension::NormBackend;
+
+#[cfg(feature = "flex")]
+mod extension {
+    use burn::backend::backend_extension;
+    use burn::backend::tensor::FloatTensor;
+
+    /// Normalisation over groups of rows, as a backend operation.
+    #[backend_extension(Autodiff: cfg(feature = "autodiff"), Flex: cfg(feature = "flex"))]
+    pub trait NormBackend: burn::backend::Backend {
+        /// See [`super::fused`].
+        fn norm_rows(
+            x: FloatTensor<Self>,
+            gamma: FloatTensor<Self>,
+            beta: FloatTensor<Self>,
+            epsilon: f64,
+            group_rows: usize,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+    }
+}
+
+/// The loops over a row-major `[R, d]` matrix. Sums are taken row after row in f64, one
+/// order whatever the thread count.
+#[cfg(feature = "flex")]
+mod kernel {
+    /// Per feature: the mean and the biased variance.
+    pub(super) fn moments(x: &[f32], d: usize) -> (Vec<f32>, Vec<f32>) {
+        let rows = (x.len() / d).max(1) as f64;
+        let mut sums = vec![0.0f64; d];
+        for row in x.chunks_exact(d) {
+            for (sum, &v) in sums.iter_mut().zip(row) {
+                *sum += f64::from(v);
+            }
+        }
+        let mean: Vec<f32> = sums.iter().map(|s| (s / rows) as f32).collect();
+        sums.fill(0.0);
+        for row in x.chunks_exact(d) {
+            for ((sum, &v), &m) in sums.iter_mut().zip(row).zip(&mean) {
+                let c = f64::from(v - m);
+                *sum += c * c;
+            }
+        }
+        let variance = sums.iter().map(|s| (s / rows) as f32).collect();
+        (mean, variance)
+    }
+
+    pub(super) fn inverse_std(variance: &[f32], epsilon: f64) -> Vec<f32> {
+        variance
+            .iter()
+            .map(|&v| (1.0 / (f64::from(v) + epsilon).sqrt()) as f32)
+            .collect()
+    }
+
+    /// `(x − mean) · gamma / std + beta`, row by row, appended to `out`.
+    pub(super) fn normalise(x: &[f32], stats: [&[f32]; 4], out: &mut Vec<f32>) {
+        let [mean, inv_std, gamma, beta] = stats;
+        let d = mean.len();
+        let scale: Vec<f32> = gamma.iter().zip(inv_std).map(|(g, s)| g * s).collect();
+        for row in x.chunks_exact(d) {
+            let row = row.iter().zip(mean).zip(&scale).zip(beta);
+            out.extend(row.map(|(((&v, &m), &s), &b)| (v - m) * s + b));
+        }
+    }
+
+    /// One group's input gradient, appended to `x_grad`, given the output's; its sums of
+    /// `∂y·x̂` and `∂y` per feature (its share of gamma's and beta's gradients) are added
+    /// to `sums`.
+    pub(super) fn backward(
+        x: &[f32],
+        grad_out: &[f32],
+        [mean, inv_std, gamma]: [&[f32]; 3],
+        x_grad: &mut Vec<f32>,
+        sums: &mut [Vec<f64>; 2],
+    ) {
+        let d = mean.len();
+        let rows = (x.len() / d).max(1) as f64;
+        let (mut beta_sums, mut gamma_sums) = (vec![0.0f64; d], vec![0.0f64; d]);
+        for (row, grad) in x.chunks_exact(d).zip(grad_out.chunks_exact(d)) {
+            let group_sums = beta_sums.iter_mut().zip(gamma_sums.iter_mut());
+            let stats = mean.iter().zip(inv_std);
+            for (((beta_sum, gamma_sum), (&v, &g)), (&m, &s)) in
+                group_sums.zip(row.iter().zip(grad)).zip(stats)
+            {
+                *beta_sum += f64::from(g);
+                *gamma_sum += f64::from(g * ((v - m) * s));
+            }
+        }
+        // Per feature: ∂x = gamma·s·(∂y − mean(∂y) − x̂·mean(∂y·x̂)), x̂ = (x − mean)·s.
+        let mean_grad: Vec<f32> = beta_sums.iter().map(|t| (t / rows) as f32).collect();
+        let projection: Vec<f32> = (gamma_sums.iter().zip(inv_std))
+            .map(|(t, &s)| (t / rows) as f32 * s)
+            .collect();
+        let scale: Vec<f32> = gamma.iter().zip(inv_std).map(|(g, s)| g * s).collect();
+        for (row, grad) in x.chunks_exact(d).zip(grad_out.chunks_exact(d)) {
+            let per_feature = mean
+                .iter()
+                .zip(&mean_grad)
+                .zip(projection.iter().zip(&scale));
+            x_grad.extend(
+                row.iter()
+                    .zip(grad)
+                    .zip(per_feature)
+                    .map(|((&v, &g), ((&m, &mg), (&p, &k)))| k * (g - mg - (v - m) * p)),
+            );
+        }
+        for (total, group) in [gamma_sums, beta_sums].iter().enumerate() {
+            for (t, g) in sums[total].iter_mut().zip(group) {
+                *t += g;
+            }
+        }
+    }
+}
+
+#[cfg(feature = "flex")]
+mod flex_impl {
+    use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
+    use burn::backend::autodiff::grads::Gradients;
+    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+    use burn::backend::autodiff::Autodiff;
+    use burn::backend::tensor::FloatTensor;
+    use burn::backend::{AutodiffBackend, Flex};
+    use burn::tensor::Shape;
+    use burn_flex::FlexTensor;
+
+    use super::kernel;
+    use super::NormBackend;
+    use crate::row_kernels::{floats, tensor};
+
+    /// What the backward reads besides the input and gamma: each group's mean and inverse
+    /// standard deviation, `[G, d]` flat, and its rows.
+    #[derive(Debug, Clone)]
+    struct Groups {
+        mean: Vec<f32>,
+        inv_std: Vec<f32>,
+        rows: usize,
+    }
+
+    /// The output and each group's mean and variance, of contiguous `x`, `gamma`, `beta`.
+    fn forward(
+        x: &FlexTensor,
+        [gamma, beta]: [&FlexTensor; 2],
+        epsilon: f64,
+        group_rows: usize,
+    ) -> ([FlexTensor; 3], Groups) {
+        let shape = x.layout().shape().clone();
+        let (rows, d) = (shape[0], shape[1]);
+        let group_rows = group_rows.clamp(1, rows.max(1));
+        let groups = rows / group_rows;
+        let mut out = Vec::with_capacity(rows * d);
+        let (mut means, mut variances) = (vec![], vec![]);
+        let mut stats = Groups {
+            mean: vec![],
+            inv_std: vec![],
+            rows: group_rows,
+        };
+        for group in floats(x).chunks_exact(group_rows * d) {
+            let (mean, variance) = kernel::moments(group, d);
+            let inv_std = kernel::inverse_std(&variance, epsilon);
+            let affine = [&mean[..], &inv_std, floats(gamma), floats(beta)];
+            kernel::normalise(group, affine, &mut out);
+            means.extend_from_slice(&mean);
+            stats.inv_std.extend(inv_std);
+            variances.extend(variance);
+        }
+        stats.mean = means.clone();
+        let outputs = [
+            tensor(out, shape),
+            tensor(means, [groups, d]),
+            tensor(variances, [groups, d]),
+        ];
+        (outputs, stats)
+    }
+
+    impl NormBackend for Flex {
+        fn norm_rows(
+            x: FloatTensor<Self>,
+            gamma: FloatTensor<Self>,
+            beta: FloatTensor<Self>,
+            epsilon: f64,
+            group_rows: usize,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+            let affine = [gamma.to_contiguous(), beta.to_contiguous()];
+            let x = x.to_contiguous();
+            let ([out, mean, variance], _) =
+                forward(&x, [&affine[0], &affine[1]], epsilon, group_rows);
+            (out, mean, variance)
+        }
+    }
+
+    #[derive(Debug)]
+    struct NormBackward;
+
+    impl Backward<Flex, 3> for NormBackward {
+        /// The (contiguous) input and gamma, and the groups' statistics.
+        type State = (FlexTensor, FlexTensor, Groups);
+
+        fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+            let (x, gamma, groups) = ops.state;
+            let grad_out = grads.consume::<Flex>(&ops.node).to_contiguous();
+            let shape = x.layout().shape().clone();
+            let d = shape[1];
+            let mut x_grad = Vec::with_capacity(shape[0] * d);
+            let mut sums = [vec![0.0f64; d], vec![0.0f64; d]];
+            let chunk = groups.rows * d;
+            let rows = floats(&x)
+                .chunks_exact(chunk)
+                .zip(floats(&grad_out).chunks_exact(chunk));
+            for (g, (x, grad)) in rows.enumerate() {
+                let stats = [&groups.mean[g * d..][..d], &groups.inv_std[g * d..][..d]];
+                let stats = [stats[0], stats[1], floats(&gamma)];
+                kernel::backward(x, grad, stats, &mut x_grad, &mut sums);
+            }
+            let [gamma_grad, beta_grad] = sums.map(|s| s.into_iter().map(|t| t as f32).collect());
+            let features = Shape::from([d]);
+            let [x_node, gamma_node, beta_node] = ops.parents;
+            for (node, grad, shape) in [
+                (x_node, x_grad, shape),
+                (gamma_node, gamma_grad, features.clone()),
+                (beta_node, beta_grad, features),
+            ] {
+                if let Some(node) = node {
+                    grads.register::<Flex>(node.id, tensor(grad, shape));
+                }
+            }
+        }
+    }
+
+    impl<C: CheckpointStrategy> NormBackend for Autodiff<Flex, C> {
+        fn norm_rows(
+            x: FloatTensor<Self>,
+            gamma: FloatTensor<Self>,
+            beta: FloatTensor<Self>,
+            epsilon: f64,
+            group_rows: usize,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+            let nodes = [x.node(), gamma.node(), beta.node()];
+            let x = x.into_primitive().to_contiguous();
+            let gamma = gamma.into_primitive().to_contiguous();
+            let beta = beta.into_primitive().to_contiguous();
+            let ([out, mean, variance], groups) = forward(&x, [&gamma, &beta], epsilon, group_rows);
+            let untracked = |t: FlexTensor| <Self as AutodiffBackend>::from_inner(t);
+            let out = match NormBackward.prepare::<C>(nodes).compute_bound().stateful() {
+                OpsKind::Tracked(prep) => prep.finish((x, gamma, groups), out),
+                OpsKind::UnTracked(prep) => prep.finish(out),
+            };
+            (out, untracked(mean), untracked(variance))
+        }
+    }
+}
+
+#[cfg(all(test, feature = "flex"))]
+mod tests {
+    use burn::module::Param;
+    use burn::nn::{BatchNormConfig, InstanceNormConfig};
+    use burn::tensor::{Device, TensorData};
+
+    use super::*;
+    use crate::backend::Backend;
+    use crate::test_values::{assert_close, pseudo_random, read};
+
+    /// Features of different offsets and spreads, as after a skip connection.
+    fn features(rows: usize, d: usize) -> Vec<f32> {
+        pseudo_random(rows * d, 13, 2.0)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * (1 + i % d % 3) as f32 + (i % d) as f32 * 0.25)
+            .collect()
+    }
+
+    /// Gamma and beta of `d` features, neither ones nor zeros.
+    fn affine(d: usize, device: &Device) -> [Param<Tensor<1>>; 2] {
+        [11, 12].map(|seed| {
+            let values = TensorData::new(pseudo_random(d, seed, 1.0), [d]);
+            Param::from_tensor(Tensor::from_data(values, device))
+        })
+    }
+
+    /// The output; the gradients of the input, gamma and beta under a loss that weighs
+    /// every output entry differently; and the running mean and variance after the step.
+    fn outputs(device: &Device, [rows, d]: [usize; 2], fused: bool) -> [Vec<f32>; 6] {
+        let mut norm = BatchNormConfig::new(d).init(device);
+        [norm.gamma, norm.beta] = affine(d, device);
+        let x = Tensor::<2>::from_data(TensorData::new(features(rows, d), [rows, d]), device)
+            .require_grad();
+        let out = if fused {
+            batch_norm(&norm, x.clone())
+        } else {
+            norm.forward(x.clone())
+        };
+        let weights = TensorData::new(pseudo_random(rows * d, 14, 1.0), [rows, d]);
+        let grads = (out.clone() * Tensor::<2>::from_data(weights, device))
+            .sum()
+            .backward();
+        [
+            read(out),
+            read(x.grad(&grads).expect("the input is tracked")),
+            read(norm.gamma.grad(&grads).expect("gamma is tracked")),
+            read(norm.beta.grad(&grads).expect("beta is tracked")),
+            read(norm.running_mean.value_sync()),
+            read(norm.running_var.value_sync()),
+        ]
+    }
+
+    /// Within 1e-5 of Burn's batch norm relative to each tensor's largest entry: output,
+    /// every gradient, and the running statistics; for the encoder's shapes, for sizes that
+    /// are not whole vectors, and for one row (zero variance).
+    #[test]
+    fn fused_batch_norm_matches_burns_with_gradients_and_running_statistics() {
+        let device = Backend::default_compiled()
+            .unwrap()
+            .device()
+            .unwrap()
+            .autodiff();
+        assert!(crate::backend::runs_on_flex(&device));
+        let names = [
+            "output",
+            "input gradient",
+            "gamma gradient",
+            "beta gradient",
+            "running mean",
+            "running variance",
+        ];
+        for size in [[33, 128], [7, 5], [1408, 16], [1, 4]] {
+            let ours = outputs(&device, size, true);
+            let reference = outputs(&device, size, false);
+            assert_close(&ours, &reference, &names, &format!("{size:?}"), 1e-5);
+        }
+    }
+
+    /// Outside training (no autodiff) Burn's inference form runs, on the running statistics.
+    #[test]
+    fn without_autodiff_the_running_statistics_are_used() {
+        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let norm = BatchNormConfig::new(3).init(&device);
+        let x = Tensor::<2>::from_data(TensorData::new(vec![1.0f32, 2.0, 3.0], [1, 3]), &device);
+        // Running mean 0 and variance 1: the output is the input, up to epsilon.
+        for (a, r) in read(batch_norm(&norm, x)).iter().zip([1.0, 2.0, 3.0]) {
+            assert!((a - r).abs() < 1e-4, "{a} vs {r}");
+        }
+    }
+
+    /// The output and the gradients of the input, gamma and beta, as in [`outputs`], for
+    /// instance norm over `[B, N, d]`.
+    fn instance_outputs(device: &Device, [b, n, d]: [usize; 3], fused: bool) -> [Vec<f32>; 4] {
+        let mut norm = InstanceNormConfig::new(d).init(device);
+        let [gamma, beta] = affine(d, device);
+        (norm.gamma, norm.beta) = (Some(gamma), Some(beta));
+        let x = Tensor::<3>::from_data(TensorData::new(features(b * n, d), [b, n, d]), device)
+            .require_grad();
+        let out = if fused {
+            instance_norm(&norm, x.clone())
+        } else {
+            norm.forward(x.clone().swap_dims(1, 2)).swap_dims(1, 2)
+        };
+        let weights = TensorData::new(pseudo_random(b * n * d, 14, 1.0), [b, n, d]);
+        let grads = (out.clone() * Tensor::<3>::from_data(weights, device))
+            .sum()
+            .backward();
+        let param_grad = |p: &Option<Param<Tensor<1>>>| {
+            read(p.as_ref().expect("affine").grad(&grads).expect("tracked"))
+        };
+        [
+            read(out),
+            read(x.grad(&grads).expect("the input is tracked")),
+            param_grad(&norm.gamma),
+            param_grad(&norm.beta),
+        ]
+    }
+
+    /// Within 1e-5 of Burn's instance norm relative to each tensor's largest entry: output
+    /// and every gradient; for POMO's shapes (CVRP20, CVRP100), odd sizes, and one node
+    /// per instance (zero variance).
+    #[test]
+    fn fused_instance_norm_matches_burns_with_gradients() {
+        let device = Backend::default_compiled()
+            .unwrap()
+            .device()
+            .unwrap()
+            .autodiff();
+        assert!(crate::backend::runs_on_flex(&device));
+        let names = [
+            "output",
+            "input gradient",
+            "gamma gradient",
+            "beta gradient",
+        ];
+        for size in [[4, 21, 128], [2, 101, 16], [3, 7, 5], [5, 1, 4]] {
+            let ours = instance_outputs(&device, size, true);
+            let reference = instance_outputs(&device, size, false);
+            assert_close(&ours, &reference, &names, &format!("{size:?}"), 1e-5);
+        }
+    }
+
+    /// Without autodiff (inference) the fused instance norm gives the output it gives in
+    /// training.
+    #[test]
+    fn fused_instance_norm_runs_without_autodiff() {
+        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let on = |device: &Device| instance_outputs_plain(device, [3, 9, 8]);
+        assert_eq!(on(&device), on(&device.clone().autodiff()));
+    }
+
+    fn instance_outputs_plain(device: &Device, [b, n, d]: [usize; 3]) -> Vec<f32> {
+        let mut norm = InstanceNormConfig::new(d).init(device);
+        let [gamma, beta] = affine(d, device);
+        (norm.gamma, norm.beta) = (Some(gamma), Some(beta));
+        let x = Tensor::<3>::from_data(TensorData::new(features(b * n, d), [b, n, d]), device);
+        read(instance_norm(&norm, x))
+    }
+}
