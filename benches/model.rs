@@ -11,7 +11,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use routeburn_data::{Generator, InstanceRng};
 use routeburn_model::{
     decode_chunk, decode_in_chunks, AttentionModelConfig, Backend, CvrpState, DecodeOptions,
-    DeviceBatch, GraphEncoderConfig, NoiseShape, StepKernel,
+    DeviceBatch, GraphEncoderConfig, NoiseShape, Normalization, StepKernel,
 };
 
 fn model(c: &mut Criterion) {
@@ -133,6 +133,18 @@ fn encoder_training(c: &mut Criterion) {
             });
         }
     }
+    // POMO's encoder (instance norm) at the 25-minute recipe's CVRP20 batch.
+    let (b, n) = (64, 20);
+    let batch = Generator::uniform(n).sample_batch(&mut InstanceRng::new(9), b);
+    let problem = DeviceBatch::upload(&batch, None, &device);
+    let encoder = GraphEncoderConfig::new().with_normalization(Normalization::Instance);
+    let model = AttentionModelConfig::new()
+        .with_encoder(encoder)
+        .init(&device);
+    group.throughput(Throughput::Elements(b as u64));
+    group.bench_function(format!("instance-norm/{b}x{n}"), |bench| {
+        bench.iter(|| model.encode(&problem).sum().backward())
+    });
     group.finish();
 }
 
