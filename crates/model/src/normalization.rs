@@ -254,29 +254,33 @@ mod flex_impl {
         let shape = x.layout().shape().clone();
         let (rows, d) = (shape[0], shape[1]);
         let group_rows = group_rows.clamp(1, rows.max(1));
-        let groups = rows / group_rows;
+        assert_eq!(
+            rows % group_rows,
+            0,
+            "{rows} rows in groups of {group_rows}"
+        );
         let mut out = Vec::with_capacity(rows * d);
-        let (mut means, mut variances) = (vec![], vec![]);
-        let mut stats = Groups {
-            mean: vec![],
-            inv_std: vec![],
-            rows: group_rows,
-        };
+        let (mut mean, mut variance, mut inv_std) = (vec![], vec![], vec![]);
         for group in floats(x).chunks_exact(group_rows * d) {
-            let (mean, variance) = kernel::moments(group, d);
-            let inv_std = kernel::inverse_std(&variance, epsilon);
-            let affine = [&mean[..], &inv_std, floats(gamma), floats(beta)];
+            let (group_mean, group_variance) = kernel::moments(group, d);
+            let group_inv_std = kernel::inverse_std(&group_variance, epsilon);
+            let affine = [&group_mean[..], &group_inv_std, floats(gamma), floats(beta)];
             kernel::normalise(group, affine, &mut out);
-            means.extend_from_slice(&mean);
-            stats.inv_std.extend(inv_std);
-            variances.extend(variance);
+            mean.extend(group_mean);
+            variance.extend(group_variance);
+            inv_std.extend(group_inv_std);
         }
-        stats.mean = means.clone();
+        let groups = rows / group_rows;
         let outputs = [
             tensor(out, shape),
-            tensor(means, [groups, d]),
-            tensor(variances, [groups, d]),
+            tensor(mean.clone(), [groups, d]),
+            tensor(variance, [groups, d]),
         ];
+        let stats = Groups {
+            mean,
+            inv_std,
+            rows: group_rows,
+        };
         (outputs, stats)
     }
 
@@ -361,11 +365,41 @@ mod flex_impl {
 mod tests {
     use burn::module::Param;
     use burn::nn::{BatchNormConfig, InstanceNormConfig};
-    use burn::tensor::{Device, TensorData};
+    use burn::tensor::{Device, Gradients, TensorData};
 
     use super::*;
     use crate::backend::Backend;
     use crate::test_values::{assert_close, pseudo_random, read};
+
+    /// The flex device with autodiff, where the fused forms run in training.
+    fn training_device() -> Device {
+        let device = Backend::default_compiled().unwrap().device().unwrap();
+        assert!(crate::backend::runs_on_flex(&device));
+        device.autodiff()
+    }
+
+    /// `outputs` of the fused form within 1e-5 of Burn's (relative to each tensor's
+    /// largest entry) at every size, on the training device.
+    fn assert_fused_matches_burns<const S: usize, const K: usize>(
+        sizes: &[[usize; S]],
+        names: &[&str; K],
+        outputs: fn(&Device, [usize; S], bool) -> [Vec<f32>; K],
+    ) {
+        let device = training_device();
+        for &size in sizes {
+            let ours = outputs(&device, size, true);
+            let reference = outputs(&device, size, false);
+            assert_close(&ours, &reference, names, &format!("{size:?}"), 1e-5);
+        }
+    }
+
+    /// The gradients of a loss that weighs every entry of `out` differently.
+    fn weighted_loss_grads<const D: usize>(out: &Tensor<D>) -> Gradients {
+        let shape = out.shape();
+        let weights = TensorData::new(pseudo_random(shape.num_elements(), 14, 1.0), shape);
+        let weights = Tensor::<D>::from_data(weights, &out.device());
+        (out.clone() * weights).sum().backward()
+    }
 
     /// Features of different offsets and spreads, as after a skip connection.
     fn features(rows: usize, d: usize) -> Vec<f32> {
@@ -396,10 +430,7 @@ mod tests {
         } else {
             norm.forward(x.clone())
         };
-        let weights = TensorData::new(pseudo_random(rows * d, 14, 1.0), [rows, d]);
-        let grads = (out.clone() * Tensor::<2>::from_data(weights, device))
-            .sum()
-            .backward();
+        let grads = weighted_loss_grads(&out);
         [
             read(out),
             read(x.grad(&grads).expect("the input is tracked")),
@@ -415,12 +446,6 @@ mod tests {
     /// are not whole vectors, and for one row (zero variance).
     #[test]
     fn fused_batch_norm_matches_burns_with_gradients_and_running_statistics() {
-        let device = Backend::default_compiled()
-            .unwrap()
-            .device()
-            .unwrap()
-            .autodiff();
-        assert!(crate::backend::runs_on_flex(&device));
         let names = [
             "output",
             "input gradient",
@@ -429,11 +454,8 @@ mod tests {
             "running mean",
             "running variance",
         ];
-        for size in [[33, 128], [7, 5], [1408, 16], [1, 4]] {
-            let ours = outputs(&device, size, true);
-            let reference = outputs(&device, size, false);
-            assert_close(&ours, &reference, &names, &format!("{size:?}"), 1e-5);
-        }
+        let sizes = [[33, 128], [7, 5], [1408, 16], [1, 4]];
+        assert_fused_matches_burns(&sizes, &names, outputs);
     }
 
     /// Outside training (no autodiff) Burn's inference form runs, on the running statistics.
@@ -448,12 +470,18 @@ mod tests {
         }
     }
 
-    /// The output and the gradients of the input, gamma and beta, as in [`outputs`], for
-    /// instance norm over `[B, N, d]`.
-    fn instance_outputs(device: &Device, [b, n, d]: [usize; 3], fused: bool) -> [Vec<f32>; 4] {
+    /// Instance norm of `d` features with [`affine`]'s gamma and beta.
+    fn instance_norm_of(d: usize, device: &Device) -> InstanceNorm {
         let mut norm = InstanceNormConfig::new(d).init(device);
         let [gamma, beta] = affine(d, device);
         (norm.gamma, norm.beta) = (Some(gamma), Some(beta));
+        norm
+    }
+
+    /// The output and the gradients of the input, gamma and beta, as in [`outputs`], for
+    /// instance norm over `[B, N, d]`.
+    fn instance_outputs(device: &Device, [b, n, d]: [usize; 3], fused: bool) -> [Vec<f32>; 4] {
+        let norm = instance_norm_of(d, device);
         let x = Tensor::<3>::from_data(TensorData::new(features(b * n, d), [b, n, d]), device)
             .require_grad();
         let out = if fused {
@@ -461,10 +489,7 @@ mod tests {
         } else {
             norm.forward(x.clone().swap_dims(1, 2)).swap_dims(1, 2)
         };
-        let weights = TensorData::new(pseudo_random(b * n * d, 14, 1.0), [b, n, d]);
-        let grads = (out.clone() * Tensor::<3>::from_data(weights, device))
-            .sum()
-            .backward();
+        let grads = weighted_loss_grads(&out);
         let param_grad = |p: &Option<Param<Tensor<1>>>| {
             read(p.as_ref().expect("affine").grad(&grads).expect("tracked"))
         };
@@ -481,23 +506,14 @@ mod tests {
     /// per instance (zero variance).
     #[test]
     fn fused_instance_norm_matches_burns_with_gradients() {
-        let device = Backend::default_compiled()
-            .unwrap()
-            .device()
-            .unwrap()
-            .autodiff();
-        assert!(crate::backend::runs_on_flex(&device));
         let names = [
             "output",
             "input gradient",
             "gamma gradient",
             "beta gradient",
         ];
-        for size in [[4, 21, 128], [2, 101, 16], [3, 7, 5], [5, 1, 4]] {
-            let ours = instance_outputs(&device, size, true);
-            let reference = instance_outputs(&device, size, false);
-            assert_close(&ours, &reference, &names, &format!("{size:?}"), 1e-5);
-        }
+        let sizes = [[4, 21, 128], [2, 101, 16], [3, 7, 5], [5, 1, 4]];
+        assert_fused_matches_burns(&sizes, &names, instance_outputs);
     }
 
     /// Without autodiff (inference) the fused instance norm gives the output it gives in
@@ -505,15 +521,12 @@ mod tests {
     #[test]
     fn fused_instance_norm_runs_without_autodiff() {
         let device = Backend::default_compiled().unwrap().device().unwrap();
-        let on = |device: &Device| instance_outputs_plain(device, [3, 9, 8]);
+        let [b, n, d] = [3, 9, 8];
+        let on = |device: &Device| {
+            let x = TensorData::new(features(b * n, d), [b, n, d]);
+            let x = Tensor::<3>::from_data(x, device);
+            read(instance_norm(&instance_norm_of(d, device), x))
+        };
         assert_eq!(on(&device), on(&device.clone().autodiff()));
-    }
-
-    fn instance_outputs_plain(device: &Device, [b, n, d]: [usize; 3]) -> Vec<f32> {
-        let mut norm = InstanceNormConfig::new(d).init(device);
-        let [gamma, beta] = affine(d, device);
-        (norm.gamma, norm.beta) = (Some(gamma), Some(beta));
-        let x = Tensor::<3>::from_data(TensorData::new(features(b * n, d), [b, n, d]), device);
-        read(instance_norm(&norm, x))
     }
 }
