@@ -54,6 +54,19 @@ mod test_values {
             .collect()
     }
 
+    /// The gradients of a loss that weighs every entry of `out` differently (weights drawn
+    /// from `seed`).
+    pub(crate) fn weighted_loss_grads<const D: usize>(
+        out: &burn::tensor::Tensor<D>,
+        seed: u64,
+    ) -> burn::tensor::Gradients {
+        use burn::tensor::{Tensor, TensorData};
+        let shape = out.shape();
+        let weights = TensorData::new(pseudo_random(shape.num_elements(), seed, 1.0), shape);
+        let weights = Tensor::<D>::from_data(weights, &out.device());
+        (out.clone() * weights).sum().backward()
+    }
+
     /// A tensor's values, in order.
     pub(crate) fn read<const D: usize>(t: burn::tensor::Tensor<D>) -> Vec<f32> {
         t.into_data().try_to_vec::<f32>().expect("f32")

@@ -189,7 +189,7 @@ mod kernel {
 mod flex_impl {
     use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
     use burn::backend::autodiff::grads::Gradients;
-    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+    use burn::backend::autodiff::ops::{Backward, NodeGuard, Ops, OpsKind};
     use burn::backend::autodiff::{Autodiff, NodeId};
     use burn::backend::tensor::FloatTensor;
     use burn::backend::Flex;
@@ -280,31 +280,42 @@ mod flex_impl {
         }
     }
 
+    /// The backward of `x·W (+ b)`, for N = 3 parents (input, weight, bias) or 2 (no bias).
     #[derive(Debug)]
-    struct LinearBackward;
+    struct LinearBackward<const N: usize>;
 
-    impl Backward<Flex, 3> for LinearBackward {
+    impl<const N: usize> Backward<Flex, N> for LinearBackward<N> {
         /// The (contiguous) input and weight.
         type State = (FlexTensor, FlexTensor);
 
-        fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
             let grad_out = grads.consume::<Flex>(&ops.node);
-            let parents = ops.parents.map(|p| p.map(|node| node.id));
+            let mut parents = [None; 3];
+            for (id, parent) in parents.iter_mut().zip(&ops.parents) {
+                *id = parent.as_ref().map(|node| node.id);
+            }
             register_grads(&ops.state, grad_out, parents, grads);
         }
     }
 
-    #[derive(Debug)]
-    struct LinearNoBiasBackward;
-
-    impl Backward<Flex, 2> for LinearNoBiasBackward {
-        /// The (contiguous) input and weight.
-        type State = (FlexTensor, FlexTensor);
-
-        fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-            let grad_out = grads.consume::<Flex>(&ops.node);
-            let [x, weight] = ops.parents.map(|p| p.map(|node| node.id));
-            register_grads(&ops.state, grad_out, [x, weight, None], grads);
+    /// The product, recorded for the backward when any of `nodes` (the input's, the
+    /// weight's and, with a bias, the bias's) is tracked.
+    fn tracked<C: CheckpointStrategy, const N: usize>(
+        nodes: [NodeGuard; N],
+        x: FlexTensor,
+        weight: FlexTensor,
+        bias: Option<FlexTensor>,
+    ) -> FloatTensor<Autodiff<Flex, C>> {
+        let (x, weight) = (x.to_contiguous(), weight.to_contiguous());
+        let bias = bias.map(|b| b.to_contiguous());
+        let out = forward(&x, &weight, bias.as_ref());
+        match LinearBackward::<N>
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((x, weight), out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
         }
     }
 
@@ -315,20 +326,8 @@ mod flex_impl {
             bias: FloatTensor<Self>,
         ) -> FloatTensor<Self> {
             let nodes = [x.node(), weight.node(), bias.node()];
-            let x = x.into_primitive().to_contiguous();
-            let weight = weight.into_primitive().to_contiguous();
-            let bias = bias.into_primitive().to_contiguous();
-            match LinearBackward
-                .prepare::<C>(nodes)
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => {
-                    let out = forward(&x, &weight, Some(&bias));
-                    prep.finish((x, weight), out)
-                }
-                OpsKind::UnTracked(prep) => prep.finish(forward(&x, &weight, Some(&bias))),
-            }
+            let [x, weight, bias] = [x, weight, bias].map(|t| t.into_primitive());
+            tracked::<C, 3>(nodes, x, weight, Some(bias))
         }
 
         fn linear_without_bias(
@@ -336,19 +335,7 @@ mod flex_impl {
             weight: FloatTensor<Self>,
         ) -> FloatTensor<Self> {
             let nodes = [x.node(), weight.node()];
-            let x = x.into_primitive().to_contiguous();
-            let weight = weight.into_primitive().to_contiguous();
-            match LinearNoBiasBackward
-                .prepare::<C>(nodes)
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => {
-                    let out = forward(&x, &weight, None);
-                    prep.finish((x, weight), out)
-                }
-                OpsKind::UnTracked(prep) => prep.finish(forward(&x, &weight, None)),
-            }
+            tracked::<C, 2>(nodes, x.into_primitive(), weight.into_primitive(), None)
         }
     }
 }
@@ -360,7 +347,7 @@ mod tests {
 
     use super::*;
     use crate::backend::Backend;
-    use crate::test_values::{assert_close, pseudo_random, read};
+    use crate::test_values::{assert_close, pseudo_random, read, weighted_loss_grads};
 
     fn autodiff_device() -> Device {
         Backend::default_compiled()
@@ -400,10 +387,7 @@ mod tests {
         } else {
             layer.forward(x.clone())
         };
-        let weights = TensorData::new(pseudo_random(rows * d_out, 6, 1.0), [rows, d_out]);
-        let grads = (out.clone() * Tensor::<2>::from_data(weights, device))
-            .sum()
-            .backward();
+        let grads = weighted_loss_grads(&out, 6);
         let bias_grad = match &layer.bias {
             Some(b) => read(b.grad(&grads).expect("the bias is tracked")),
             None => Vec::new(),

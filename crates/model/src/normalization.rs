@@ -235,11 +235,11 @@ mod flex_impl {
     use super::NormBackend;
     use crate::row_kernels::{floats, tensor};
 
-    /// What the backward reads besides the input and gamma: each group's mean and inverse
-    /// standard deviation, `[G, d]` flat, and its rows.
+    /// What the backward reads besides the input and gamma: each group's mean (the
+    /// forward's output) and inverse standard deviation, `[G, d]`, and its rows.
     #[derive(Debug, Clone)]
     struct Groups {
-        mean: Vec<f32>,
+        mean: FlexTensor,
         inv_std: Vec<f32>,
         rows: usize,
     }
@@ -271,16 +271,13 @@ mod flex_impl {
             inv_std.extend(group_inv_std);
         }
         let groups = rows / group_rows;
-        let outputs = [
-            tensor(out, shape),
-            tensor(mean.clone(), [groups, d]),
-            tensor(variance, [groups, d]),
-        ];
+        let mean = tensor(mean, [groups, d]);
         let stats = Groups {
-            mean,
+            mean: mean.clone(),
             inv_std,
             rows: group_rows,
         };
+        let outputs = [tensor(out, shape), mean, tensor(variance, [groups, d])];
         (outputs, stats)
     }
 
@@ -319,7 +316,10 @@ mod flex_impl {
                 .chunks_exact(chunk)
                 .zip(floats(&grad_out).chunks_exact(chunk));
             for (g, (x, grad)) in rows.enumerate() {
-                let stats = [&groups.mean[g * d..][..d], &groups.inv_std[g * d..][..d]];
+                let stats = [
+                    &floats(&groups.mean)[g * d..][..d],
+                    &groups.inv_std[g * d..][..d],
+                ];
                 let stats = [stats[0], stats[1], floats(&gamma)];
                 kernel::backward(x, grad, stats, &mut x_grad, &mut sums);
             }
@@ -365,11 +365,11 @@ mod flex_impl {
 mod tests {
     use burn::module::Param;
     use burn::nn::{BatchNormConfig, InstanceNormConfig};
-    use burn::tensor::{Device, Gradients, TensorData};
+    use burn::tensor::{Device, TensorData};
 
     use super::*;
     use crate::backend::Backend;
-    use crate::test_values::{assert_close, pseudo_random, read};
+    use crate::test_values::{assert_close, pseudo_random, read, weighted_loss_grads};
 
     /// The flex device with autodiff, where the fused forms run in training.
     fn training_device() -> Device {
@@ -391,14 +391,6 @@ mod tests {
             let reference = outputs(&device, size, false);
             assert_close(&ours, &reference, names, &format!("{size:?}"), 1e-5);
         }
-    }
-
-    /// The gradients of a loss that weighs every entry of `out` differently.
-    fn weighted_loss_grads<const D: usize>(out: &Tensor<D>) -> Gradients {
-        let shape = out.shape();
-        let weights = TensorData::new(pseudo_random(shape.num_elements(), 14, 1.0), shape);
-        let weights = Tensor::<D>::from_data(weights, &out.device());
-        (out.clone() * weights).sum().backward()
     }
 
     /// Features of different offsets and spreads, as after a skip connection.
@@ -430,7 +422,7 @@ mod tests {
         } else {
             norm.forward(x.clone())
         };
-        let grads = weighted_loss_grads(&out);
+        let grads = weighted_loss_grads(&out, 14);
         [
             read(out),
             read(x.grad(&grads).expect("the input is tracked")),
@@ -489,7 +481,7 @@ mod tests {
         } else {
             norm.forward(x.clone().swap_dims(1, 2)).swap_dims(1, 2)
         };
-        let grads = weighted_loss_grads(&out);
+        let grads = weighted_loss_grads(&out, 14);
         let param_grad = |p: &Option<Param<Tensor<1>>>| {
             read(p.as_ref().expect("affine").grad(&grads).expect("tracked"))
         };

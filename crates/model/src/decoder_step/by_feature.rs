@@ -158,12 +158,11 @@ mod tests {
 
     use super::*;
     use crate::backend::Backend;
-    use crate::test_values::pseudo_random;
+    use crate::test_values::{pseudo_random, read};
 
     /// Both forms of [`keys_by_feature`] (the dispatching one and the tensor-operation
     /// one), each as a flat vector.
     fn both_forms(keys: &Tensor<4>, values: &Tensor<4>, logit_keys: &Tensor<3>) -> [Vec<f32>; 2] {
-        let read = |t: Tensor<3>| t.into_data().try_to_vec::<f32>().unwrap();
         [
             read(keys_by_feature(keys, values, logit_keys)),
             read(op_by_op(keys, values, logit_keys)),

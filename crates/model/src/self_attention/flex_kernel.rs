@@ -224,8 +224,7 @@ fn backward_instance<M: MulAdd>(dims: Dims, io: BackwardIo, s: &mut Scratch) {
     let np = padded(n);
     let root = dims.root();
     for head in 0..dims.heads {
-        s.attention
-            .copy_from_slice(&weights[head * n * np..][..n * np]);
+        let attention = &weights[head * n * np..][..n * np]; // [N, Np]
         by_feature(&qkv[2 * d + head * dk..], 3 * d, (n, dk), &mut s.values_t);
         let by_gradient = RowsAt {
             coef_stride: d,
@@ -237,7 +236,7 @@ fn backward_instance<M: MulAdd>(dims: Dims, io: BackwardIo, s: &mut Scratch) {
         for (ds, a) in s
             .d_scores
             .chunks_exact_mut(np)
-            .zip(s.attention.chunks_exact(np))
+            .zip(attention.chunks_exact(np))
         {
             let dot = ds
                 .iter()
@@ -256,7 +255,7 @@ fn backward_instance<M: MulAdd>(dims: Dims, io: BackwardIo, s: &mut Scratch) {
         let d_queries = &mut grad[head * dk..];
         weighted_sums_all::<M>(n, &s.d_scores, keys, (3 * d, dk), over_nodes, d_queries);
         transposed(&s.d_scores, np, n, &mut s.d_scores_t);
-        transposed(&s.attention, np, n, &mut s.attention_t);
+        transposed(attention, np, n, &mut s.attention_t);
         let over_rows = RowsAt {
             coef_stride: n,
             ..over_nodes

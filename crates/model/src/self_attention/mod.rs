@@ -179,7 +179,7 @@ mod tests {
 
     use super::*;
     use crate::backend::Backend;
-    use crate::test_values::{assert_close, pseudo_random};
+    use crate::test_values::{assert_close, pseudo_random, read, weighted_loss_grads};
 
     /// The output and the projection's gradient under a loss that weighs every output
     /// entry differently, fused or op by op, on the same inputs.
@@ -194,17 +194,9 @@ mod tests {
         } else {
             op_by_op(qkv.clone(), heads)
         };
-        let weights = TensorData::new(pseudo_random(b * n * d, 2, 1.0), [b, n, d]);
-        let loss = (out.clone() * Tensor::<3>::from_data(weights, device)).sum();
-        let grads = loss.backward();
-        let read = |t: Tensor<3>, len| {
-            t.reshape([len])
-                .into_data()
-                .try_to_vec::<f32>()
-                .expect("f32")
-        };
+        let grads = weighted_loss_grads(&out, 2);
         let grad = qkv.grad(&grads).expect("the projection is tracked");
-        [read(out, b * n * d), read(grad, b * n * 3 * d)]
+        [read(out), read(grad)]
     }
 
     /// Within 1e-5 of the op-by-op form relative to each tensor's largest entry, on sizes
