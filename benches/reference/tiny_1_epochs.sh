@@ -19,8 +19,12 @@ sed 's/^baseline_eval_size = .*/baseline_eval_size = 128/' configs/tiny_1.toml >
 # Epoch 2's seconds, start to next start, of a 3-epoch run of `$1`.
 routeburn_epoch_2() {
     rm -rf "$work/run"
-    RAYON_NUM_THREADS=$threads target/release/routeburn train --config "$1" --epochs 3 \
-        --run-dir "$work/run" >/dev/null 2>&1
+    if ! RAYON_NUM_THREADS=$threads target/release/routeburn train --config "$1" --epochs 3 \
+        --run-dir "$work/run" >"$work/train.log" 2>&1; then
+        echo "tiny_1_epochs.sh: routeburn train --config $1 failed:" >&2
+        tail -5 "$work/train.log" >&2
+        exit 1
+    fi
     awk -F, 'NR == 2 { first = $12 } NR == 3 { printf "%.3f", $12 - first }' "$work/run/metrics.csv"
 }
 
@@ -32,7 +36,11 @@ for round in $(seq 1 "$rounds"); do
     ours=$(routeburn_epoch_2 configs/tiny_1.toml)
     like=$(routeburn_epoch_2 "$work/like_rl4co.toml")
     theirs=$("$py" benches/reference/rl4co_reference.py train --n 10 --batch 128 --batches 25 \
-        --epochs 3 --threads "$threads" 2>&1 | sed -n 's/^rl4co epoch 2: \([0-9.]*\) s in all$/\1/p')
+        --epochs 3 --threads "$threads" 2>&1 | sed -n 's/^rl4co epoch 2: \([0-9.]*\) s in all$/\1/p' || true)
+    if [ -z "$theirs" ]; then
+        echo "tiny_1_epochs.sh: rl4co printed no 'epoch 2 ... in all' (is $py the venv of rl4co_reference.py?)" >&2
+        exit 1
+    fi
     ratio=$(awk -v a="$ours" -v b="$theirs" 'BEGIN { printf "%.2f", a / b }')
     ratio_like=$(awk -v a="$like" -v b="$theirs" 'BEGIN { printf "%.2f", a / b }')
     echo "$round | $ours | $like | $theirs | $ratio | $ratio_like"
