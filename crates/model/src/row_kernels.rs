@@ -11,6 +11,9 @@ pub(crate) trait MulAdd {
     fn mul_add(a: f32, b: f32, c: f32) -> f32;
     /// `x[i] = e^x[i]` as [`exp_lane`] computes it.
     fn exp8(x: &mut [f32; 8]);
+    /// One chunk of [`kept_max`]: `max[i]` becomes `values[i]` where `keep[i]` is
+    /// non-zero and `values[i] > max[i]`.
+    fn kept_max8(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]);
 }
 
 pub(crate) struct Fused;
@@ -33,6 +36,17 @@ impl MulAdd for Fused {
         #[cfg(not(target_arch = "x86_64"))]
         Plain::exp8(x)
     }
+
+    #[inline(always)]
+    fn kept_max8(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as for `exp8`.
+        unsafe {
+            kept_max8_avx2(values, keep, max)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Plain::kept_max8(values, keep, max)
+    }
 }
 
 impl MulAdd for Plain {
@@ -47,26 +61,23 @@ impl MulAdd for Plain {
             *v = exp_lane(*v);
         }
     }
-}
 
-/// `out[..width] = Σ_k coefs[k] · rows[k·stride ..][..width]`, dense: the backward's
-/// coefficients are zero at masked nodes, but a branch per coefficient on the mask's
-/// pattern cost more than the multiply-adds it saved (and adding `x · 0` leaves a sum
-/// exactly as it was). One row of [`weighted_sums`].
-#[inline(always)]
-pub(crate) fn weighted_sum<M: MulAdd>(
-    coefs: &[f32],
-    rows: &[f32],
-    stride: usize,
-    width: usize,
-    out: &mut [f32],
-) {
-    let one_row = RowsAt {
-        coef_stride: 0,
-        count: coefs.len(),
-        out_stride: 0,
-    };
-    weighted_sums::<M, 1>(coefs, rows, (stride, width), one_row, out);
+    #[inline(always)]
+    fn kept_max8(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]) {
+        for lane in 0..8 {
+            // Compares and selects, not `f32::max` and its NaN rule (a NaN shows anyway).
+            let candidate = if keep[lane] != 0.0 {
+                values[lane]
+            } else {
+                f32::NEG_INFINITY
+            };
+            max[lane] = if candidate > max[lane] {
+                candidate
+            } else {
+                max[lane]
+            };
+        }
+    }
 }
 
 /// Rows of one instance (and, for its key gradients, nodes) taken together. They read the
@@ -98,7 +109,10 @@ pub(crate) struct RowsAt {
 /// rows[k·stride ..][..width]`. Each output is summed in k order whatever `R` is, so
 /// blocking rows changes no result. The sums stay in registers, three 8-lane vectors of
 /// `R` rows at a time (4 × 3 sums, 3 keys and a coefficient fill AVX2's 16 registers),
-/// four for a single row; lanes past a multiple of 8 are summed one by one.
+/// four for a single row; lanes past a multiple of 8 are summed one by one. Dense: the
+/// backward's coefficients are zero at masked nodes, but a branch per coefficient on the
+/// mask's pattern cost more than the multiply-adds it saved (and adding `x · 0` leaves a
+/// sum exactly as it was).
 #[inline(always)]
 pub(crate) fn weighted_sums<M: MulAdd, const R: usize>(
     coefs: &[f32],
@@ -243,6 +257,29 @@ pub(crate) fn exp_lane(x: f32) -> f32 {
     p * f32::from_bits(((k_int + 127) << 23) as u32)
 }
 
+/// [`Plain::kept_max8`] in AVX2 registers (LLVM kept the scalar form's lanes apart, at ~6
+/// instructions a lane): `max_ps(a, b)` is `a > b ? a : b`, NaN and signed zeros included,
+/// so every lane gets the scalar form's value.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn kept_max8_avx2(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]) {
+    use std::arch::x86_64::*;
+    // SAFETY: each load and the store touch exactly one of the three 8-float arrays.
+    let (v, k, m) = unsafe {
+        (
+            _mm256_loadu_ps(values.as_ptr()),
+            _mm256_loadu_ps(keep.as_ptr()),
+            _mm256_loadu_ps(max.as_ptr()),
+        )
+    };
+    // `keep != 0.0` is true for NaN too: unordered not-equal.
+    let kept = _mm256_cmp_ps::<_CMP_NEQ_UQ>(k, _mm256_setzero_ps());
+    let candidate = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), v, kept);
+    // SAFETY: as above.
+    unsafe { _mm256_storeu_ps(max.as_mut_ptr(), _mm256_max_ps(candidate, m)) };
+}
+
 /// [`exp_lane`] on eight lanes in AVX2 registers, with fused multiply-adds (LLVM keeps the
 /// scalar form's lanes apart: it was ~13 instructions an element).
 #[cfg(target_arch = "x86_64")]
@@ -273,23 +310,14 @@ fn exp8_avx2(x: &mut [f32; 8]) {
 }
 /// The largest of `values` where `keep` is non-zero (−∞ when none is), 8 lanes at a time.
 #[inline(always)]
-pub(crate) fn kept_max(values: &[f32], keep: &[f32]) -> f32 {
+pub(crate) fn kept_max<M: MulAdd>(values: &[f32], keep: &[f32]) -> f32 {
     let mut max = [f32::NEG_INFINITY; 8];
     for (v, k) in values.chunks_exact(8).zip(keep.chunks_exact(8)) {
-        for lane in 0..8 {
-            // Compares and selects, not `f32::max` and its NaN rule (a NaN shows anyway),
-            // and no `&&`, whose branch keeps the lanes apart.
-            let candidate = if k[lane] != 0.0 {
-                v[lane]
-            } else {
-                f32::NEG_INFINITY
-            };
-            max[lane] = if candidate > max[lane] {
-                candidate
-            } else {
-                max[lane]
-            };
-        }
+        M::kept_max8(
+            v.try_into().expect("8 lanes"),
+            k.try_into().expect("8 lanes"),
+            &mut max,
+        );
     }
     max.iter()
         .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
@@ -318,7 +346,7 @@ pub(crate) fn kept_exp_sum<M: MulAdd>(values: &mut [f32], max: f32, keep: &[f32]
 /// `softmax` is.
 #[inline(always)]
 pub(crate) fn masked_softmax<M: MulAdd>(values: &mut [f32], keep: &[f32]) {
-    let max = kept_max(values, keep);
+    let max = kept_max::<M>(values, keep);
     let inverse = 1.0 / kept_exp_sum::<M>(values, max, keep);
     for v in values.iter_mut() {
         *v *= inverse;
@@ -384,6 +412,66 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         if has_avx2_fma() {
             check(Fused::exp8);
+        }
+    }
+
+    /// The largest kept value, by hand, and the same bits from both forms: signed zeros,
+    /// infinities, NaN (kept and masked), nothing kept.
+    #[test]
+    fn kept_max_takes_the_largest_kept_value_in_both_forms() {
+        let values = [
+            -0.0,
+            0.0,
+            3.5,
+            -2.0,
+            9.0,
+            f32::NAN,
+            f32::NEG_INFINITY,
+            1.0, //
+            7.0,
+            -1.0,
+            0.5,
+            f32::INFINITY,
+            2.0,
+            -0.0,
+            4.0,
+            6.0,
+        ];
+        let keep_all = [1.0; 16];
+        let mut keep_some = [0.0; 16];
+        for i in [0, 1, 2, 3, 7, 9, 10, 14] {
+            keep_some[i] = 1.0;
+        }
+        let mut keep_nan = keep_some;
+        keep_nan[5] = 1.0;
+        assert_eq!(kept_max::<Plain>(&values, &keep_some), 4.0);
+        assert_eq!(kept_max::<Plain>(&values, &keep_all), f32::INFINITY);
+        assert_eq!(kept_max::<Plain>(&values, &[0.0; 16]), f32::NEG_INFINITY);
+        let zeros = [-0.0, 0.0, 0.0, -0.0, -0.0, -0.0, 0.0, -0.0];
+        assert!(kept_max::<Plain>(&zeros, &[1.0; 8]) == 0.0);
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2_fma() {
+            for keep in [keep_all, keep_some, keep_nan, [0.0; 16]] {
+                let (fused, plain) = (
+                    kept_max::<Fused>(&values, &keep),
+                    kept_max::<Plain>(&values, &keep),
+                );
+                assert_eq!(fused.to_bits(), plain.to_bits(), "keep {keep:?}");
+            }
+            // One chunk (the kept NaN is then its lane's last word), and −0 then +0 in
+            // every lane.
+            let mut signed_zeros = [-0.0; 16];
+            signed_zeros[8..].fill(0.0);
+            let cases = [
+                (&values[..8], &keep_nan[..8]),
+                (&signed_zeros[..], &keep_all[..]),
+                (&zeros[..], &keep_all[..8]),
+            ];
+            for (values, keep) in cases {
+                let fused = kept_max::<Fused>(values, keep);
+                let plain = kept_max::<Plain>(values, keep);
+                assert_eq!(fused.to_bits(), plain.to_bits(), "{values:?}");
+            }
         }
     }
 }

@@ -26,8 +26,8 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use crate::row_kernels::has_avx2_fma;
 use crate::row_kernels::{
-    exp_lane, kept_exp_sum, kept_max, masked_softmax, padded, rows_in_block, weighted_sum,
-    weighted_sums, Fused, MulAdd, Plain, RowsAt, ROW_BLOCK,
+    exp_lane, kept_exp_sum, kept_max, masked_softmax, padded, rows_in_block, weighted_sums, Fused,
+    MulAdd, Plain, RowsAt, ROW_BLOCK,
 };
 
 /// Sizes of one step.
@@ -300,7 +300,7 @@ fn log_softmax_row<M: MulAdd>(
         *z = clipped(*z, scale);
     }
     log_probs.copy_from_slice(&lanes[..n]);
-    let max = kept_max(lanes, keep);
+    let max = kept_max::<M>(lanes, keep);
     let log_sum = max + kept_exp_sum::<M>(lanes, max, keep).ln();
     for (lp, &m) in log_probs.iter_mut().zip(mask) {
         *lp = if m == 0 {
@@ -407,7 +407,7 @@ struct BackScratch {
     /// `[H, N, S]` each row's attention weights and compatibility gradients, node-major.
     attention_t: Vec<f32>,
     d_compat_t: Vec<f32>,
-    /// `[N]` one row's logit gradients.
+    /// `[ROW_BLOCK, N]` the block's rows' logit gradients.
     d_logits: Vec<f32>,
 }
 
@@ -421,7 +421,7 @@ impl BackScratch {
             d_logits_t: vec![0.0; n * s],
             attention_t: vec![0.0; h * n * s],
             d_compat_t: vec![0.0; h * n * s],
-            d_logits: vec![0.0; n],
+            d_logits: vec![0.0; ROW_BLOCK * n],
         }
     }
 }
@@ -498,15 +498,25 @@ fn backward_rows<M: MulAdd, const R: usize>(
     );
     let np = padded(n);
     for r in 0..R {
-        logit_grads_row::<M>(dims, scale, (first + r, r, x, instance), scratch);
+        logit_grads_row(dims, scale, (first + r, r, x), scratch);
     }
     let BackScratch {
         lanes,
         d_glimpse,
         attention_t,
         d_compat_t,
+        d_logits,
         ..
     } = scratch;
+    // logits = glimpse · logit_keys[node]: the rows' glimpse gradients in one product
+    // against the logit keys they share.
+    let from_logits = RowsAt {
+        coef_stride: n,
+        count: n,
+        out_stride: d,
+    };
+    let dg_rows = &mut d_glimpse[first * d..(first + R) * d];
+    weighted_sums::<M, R>(d_logits, instance.logit_keys, (d, d), from_logits, dg_rows);
     let from_glimpse = RowsAt {
         coef_stride: d,
         count: dk,
@@ -518,51 +528,56 @@ fn backward_rows<M: MulAdd, const R: usize>(
         let dg = &d_glimpse[first * d + head * dk..];
         let values = &instance.values_t[head * dk * np..];
         weighted_sums::<M, R>(dg, values, (np, np), from_glimpse, lanes);
-        let attention = |r: usize| &x.attention[(r * h + head) * n..][..n];
-        // Σ a·da for each row: R independent chains in one pass, each in node order.
-        let mut weighted = [0.0f32; R];
-        for node in 0..n {
-            for (r, w) in weighted.iter_mut().enumerate() {
-                *w += attention(r)[node] * lanes[r * np + node];
-            }
-        }
+        let attention: [&[f32]; R] =
+            std::array::from_fn(|r| &x.attention[(r * h + head) * n..][..n]);
+        // Σ a·da for each row, in node order (the rows' chains are independent).
+        let weighted: [f32; R] = std::array::from_fn(|r| {
+            let da = &lanes[r * np..][..n];
+            (attention[r].iter().zip(da)).fold(0.0, |w, (&a, &da)| w + a * da)
+        });
         // d_compat = a·(da − Σ a·da), kept node-major: the block's rows are consecutive.
-        for node in 0..n {
-            let at = (head * n + node) * s + first;
-            for (r, &w) in weighted.iter().enumerate() {
-                let a = attention(r)[node];
-                let d_compat = a * (lanes[r * np + node] - w);
+        let columns = head * n * s..(head + 1) * n * s;
+        let attention_columns = attention_t[columns.clone()].chunks_exact_mut(s);
+        let compat_columns = d_compat_t[columns].chunks_exact_mut(s);
+        for (node, (a_column, c_column)) in attention_columns.zip(compat_columns).enumerate() {
+            let a: [f32; R] = std::array::from_fn(|r| attention[r][node]);
+            let d_compat: [f32; R] =
+                std::array::from_fn(|r| a[r] * (lanes[r * np + node] - weighted[r]));
+            for (r, &d_compat) in d_compat.iter().enumerate() {
                 lanes[r * np + node] = d_compat;
-                attention_t[at + r] = a;
-                d_compat_t[at + r] = d_compat;
             }
+            a_column[first..first + R].copy_from_slice(&a);
+            c_column[first..first + R].copy_from_slice(&d_compat);
         }
-        // Each row's own query gradient (only this head writes these lanes).
+        // The rows' query gradients (only this head writes these lanes): one product
+        // of the block's rows against the keys they share.
         let keys = &instance.keys[head * dk..];
-        for r in 0..R {
-            let out = r * d + head * dk..r * d + (head + 1) * dk;
-            weighted_sum::<M>(&lanes[r * np..r * np + n], keys, d, dk, &mut d_query[out]);
-        }
+        let from_compat = RowsAt {
+            coef_stride: np,
+            count: n,
+            out_stride: d,
+        };
+        weighted_sums::<M, R>(lanes, keys, (d, dk), from_compat, &mut d_query[head * dk..]);
     }
 }
 
-/// One row's logit gradients (kept node-major in `d_logits_t`) and glimpse gradient:
-/// `(row within the instance, row within the block, the block, the instance)`.
+/// One row's logit gradients, in its row of `d_logits` and node-major in `d_logits_t`:
+/// `(row within the instance, row within the block, the block)`.
 #[inline(always)]
-fn logit_grads_row<M: MulAdd>(
+fn logit_grads_row(
     dims: Dims,
     scale: Scale,
-    (row, r, x, instance): (usize, usize, &RowSaved, &InstanceBack),
+    (row, r, x): (usize, usize, &RowSaved),
     scratch: &mut BackScratch,
 ) {
-    let (n, d, s) = (dims.nodes, dims.embed(), dims.starts);
+    let (n, s) = (dims.nodes, dims.starts);
     let (mask, log_probs) = (&x.mask[r * n..][..n], &x.log_probs[r * n..][..n]);
     let (tanh, grad_out) = (&x.tanh[r * n..][..n], &x.grad_out[r * n..][..n]);
     // log_softmax: dz = g − p·Σg (the sum over every entry, as the composed form takes
     // it); masked entries get none. tanh clipping: dlogit = dz · C/T · (1 − tanh²).
     let total: f32 = grad_out.iter().sum();
     let slope = scale.tanh_clipping / scale.temperature;
-    for (node, d_logit) in scratch.d_logits.iter_mut().enumerate() {
+    for (node, d_logit) in scratch.d_logits[r * n..][..n].iter_mut().enumerate() {
         *d_logit = if mask[node] != 0 {
             0.0
         } else {
@@ -572,9 +587,6 @@ fn logit_grads_row<M: MulAdd>(
         };
         scratch.d_logits_t[node * s + row] = *d_logit;
     }
-    // logits = glimpse · logit_keys[node]
-    let dg_row = &mut scratch.d_glimpse[row * d..(row + 1) * d];
-    weighted_sum::<M>(&scratch.d_logits, instance.logit_keys, d, d, dg_row);
 }
 
 /// The instance's key, value and logit-key gradients: `[N, H, dk]`, `[N, H, dk]`, `[N, d]`.
