@@ -167,7 +167,10 @@ pub(crate) fn rollout(
                     .noise
                     .as_ref()
                     .expect("a sampled decode needs DeviceBatch noise");
-                sample_inverse_cdf(log_p.clone(), noise.clone().slice_dim(1, step..step + 1))
+                // Detached: the choice carries no gradient, and on an autodiff device
+                // the CDF's operations would each be recorded in the graph.
+                let uniform = noise.clone().slice_dim(1, step..step + 1);
+                sample_inverse_cdf(log_p.clone().detach(), uniform)
             }
         };
         record.push_log_prob(log_p.gather(1, action.clone())); // [R, 1]
