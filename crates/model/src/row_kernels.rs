@@ -221,6 +221,88 @@ pub(crate) fn weighted_sums_all<M: MulAdd>(
     }
 }
 
+/// Heads taken together by [`head_weighted_sums`]: four heads of two vectors of sums fill
+/// eight of AVX2's sixteen registers, with the coefficient and a value vector beside them.
+const HEAD_BLOCK: usize = 4;
+
+/// Whether [`head_weighted_sums`] takes heads of `head_dim` features: whole vectors, at
+/// most two of them.
+pub(crate) fn heads_fit(head_dim: usize) -> bool {
+    head_dim.is_multiple_of(8) && head_dim <= 16
+}
+
+/// One row's weighted values for every head: `out[h·dk ..][..dk] = Σ_n coefs[h·N + n] ·
+/// values[n·H·dk + h·dk ..][..dk]`, where `coefs` is `[H, N]` and `values` `[N, H, dk]`.
+/// The heads' sums are independent chains, so [`HEAD_BLOCK`] heads go through the nodes
+/// together; each output is still summed in node order, as [`weighted_sums`] sums it.
+/// Call it only where [`heads_fit`] holds.
+#[inline(always)]
+pub(crate) fn head_weighted_sums<M: MulAdd>(
+    coefs: &[f32],
+    values: &[f32],
+    (nodes, heads, head_dim): (usize, usize, usize),
+    out: &mut [f32],
+) {
+    let mut head = 0;
+    while head < heads {
+        let at = (head, nodes, heads * head_dim);
+        match ((heads - head).min(HEAD_BLOCK), head_dim / 8) {
+            (4, 2) => heads_block::<M, 4, 2>(coefs, values, at, out),
+            (4, _) => heads_block::<M, 4, 1>(coefs, values, at, out),
+            (3, 2) => heads_block::<M, 3, 2>(coefs, values, at, out),
+            (3, _) => heads_block::<M, 3, 1>(coefs, values, at, out),
+            (2, 2) => heads_block::<M, 2, 2>(coefs, values, at, out),
+            (2, _) => heads_block::<M, 2, 1>(coefs, values, at, out),
+            (_, 2) => heads_block::<M, 1, 2>(coefs, values, at, out),
+            (_, _) => heads_block::<M, 1, 1>(coefs, values, at, out),
+        }
+        head += HEAD_BLOCK;
+    }
+}
+
+/// [`head_weighted_sums`] for heads `first..first + H` of `V` vectors each, at
+/// `(first, nodes, features per node)`.
+#[inline(always)]
+fn heads_block<M: MulAdd, const H: usize, const V: usize>(
+    coefs: &[f32],
+    values: &[f32],
+    (first, nodes, stride): (usize, usize, usize),
+    out: &mut [f32],
+) {
+    let head_dim = 8 * V;
+    let mut acc = [[[0.0f32; 8]; V]; H];
+    if let Some(last) = nodes.checked_sub(1) {
+        // One bounds check each for every value row and coefficient the loop reads.
+        let start = first * head_dim;
+        assert!(
+            last * stride + start + H * head_dim <= values.len(),
+            "values too short"
+        );
+        assert!((first + H) * nodes <= coefs.len(), "coefficients too short");
+        for node in 0..nodes {
+            for (h, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: (first + h)·nodes + node < (first + H)·nodes (asserted).
+                let c = unsafe { *coefs.get_unchecked((first + h) * nodes + node) };
+                for (v, acc) in acc.iter_mut().enumerate() {
+                    let at = node * stride + start + h * head_dim + v * 8;
+                    // SAFETY: at + 8 ≤ last·stride + start + H·head_dim (asserted).
+                    let x: [f32; 8] =
+                        std::array::from_fn(|lane| unsafe { *values.get_unchecked(at + lane) });
+                    for (acc, &x) in acc.iter_mut().zip(&x) {
+                        *acc = M::mul_add(x, c, *acc);
+                    }
+                }
+            }
+        }
+    }
+    for (h, acc) in acc.iter().enumerate() {
+        for (v, acc) in acc.iter().enumerate() {
+            let at = (first + h) * head_dim + v * 8;
+            out[at..at + 8].copy_from_slice(acc);
+        }
+    }
+}
+
 const LOG2_E: f32 = std::f32::consts::LOG2_E;
 const LN2_HI: f32 = 0.693_145_75;
 const LN2_LO: f32 = 1.428_606_8e-6;
@@ -413,6 +495,72 @@ mod tests {
         if has_avx2_fma() {
             check(Fused::exp8);
         }
+    }
+
+    /// The heads taken together give each head's weighted sum bit for bit, in both forms,
+    /// at head sizes of one and two vectors and head counts that leave partial blocks.
+    #[test]
+    fn head_weighted_sums_match_one_head_at_a_time() {
+        let mut state = 99u32;
+        let mut next = move || {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (state >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        for (nodes, heads, head_dim) in
+            [(21, 8, 16), (101, 8, 16), (5, 3, 8), (1, 1, 16), (7, 6, 8)]
+        {
+            let d = heads * head_dim;
+            let coefs: Vec<f32> = (0..heads * nodes).map(|_| next()).collect();
+            let values: Vec<f32> = (0..nodes * d).map(|_| next()).collect();
+            let one_head = |head: usize, out: &mut [f32], fused: bool| {
+                let at = RowsAt {
+                    coef_stride: 0,
+                    count: nodes,
+                    out_stride: 0,
+                };
+                let (c, v) = (&coefs[head * nodes..], &values[head * head_dim..]);
+                let o = &mut out[head * head_dim..];
+                match fused {
+                    false => weighted_sums::<Plain, 1>(c, v, (d, head_dim), at, o),
+                    #[cfg(target_arch = "x86_64")]
+                    true => unsafe { weighted_sums_avx2(c, v, (d, head_dim), at, o) },
+                    #[cfg(not(target_arch = "x86_64"))]
+                    true => weighted_sums::<Plain, 1>(c, v, (d, head_dim), at, o),
+                }
+            };
+            let (mut want, mut got) = (vec![0.0; d], vec![0.0; d]);
+            for head in 0..heads {
+                one_head(head, &mut want, false);
+            }
+            head_weighted_sums::<Plain>(&coefs, &values, (nodes, heads, head_dim), &mut got);
+            assert_eq!(got, want, "{nodes} nodes, {heads} heads of {head_dim}");
+            #[cfg(target_arch = "x86_64")]
+            if has_avx2_fma() {
+                for head in 0..heads {
+                    one_head(head, &mut want, true);
+                }
+                // SAFETY: the CPU has AVX2 and FMA (checked above).
+                unsafe {
+                    head_weighted_sums_avx2(&coefs, &values, (nodes, heads, head_dim), &mut got)
+                };
+                assert_eq!(
+                    got, want,
+                    "fused: {nodes} nodes, {heads} heads of {head_dim}"
+                );
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn weighted_sums_avx2(c: &[f32], v: &[f32], sw: (usize, usize), at: RowsAt, o: &mut [f32]) {
+        weighted_sums::<Fused, 1>(c, v, sw, at, o)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn head_weighted_sums_avx2(c: &[f32], v: &[f32], sizes: (usize, usize, usize), o: &mut [f32]) {
+        head_weighted_sums::<Fused>(c, v, sizes, o)
     }
 
     /// The largest kept value, by hand, and the same bits from both forms: signed zeros,

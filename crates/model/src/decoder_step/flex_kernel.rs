@@ -26,8 +26,8 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use crate::row_kernels::has_avx2_fma;
 use crate::row_kernels::{
-    exp_lane, kept_exp_sum, kept_max, masked_softmax, padded, rows_in_block, weighted_sums, Fused,
-    MulAdd, Plain, RowsAt, ROW_BLOCK,
+    exp_lane, head_weighted_sums, heads_fit, kept_exp_sum, kept_max, masked_softmax, padded,
+    rows_in_block, weighted_sums, Fused, MulAdd, Plain, RowsAt, ROW_BLOCK,
 };
 
 /// Sizes of one step.
@@ -249,7 +249,10 @@ fn forward_rows<M: MulAdd, const R: usize>(
         count,
         out_stride: np,
     };
-    // The glimpse: each head attends over the unmasked nodes.
+    // The glimpse: each head attends over the unmasked nodes. A row alone takes its
+    // heads' weighted values together, after every head's softmax: one head's sums are
+    // only dk / 8 vectors, each multiply-add waiting on the one before.
+    let heads_together = R == 1 && heads_fit(dk);
     for head in 0..h {
         let keys = &instance.keys_t[head * dk * np..];
         weighted_sums::<M, R>(&query[head * dk..], keys, (np, np), lane_rows(dk), lanes);
@@ -264,10 +267,16 @@ fn forward_rows<M: MulAdd, const R: usize>(
             count: n,
             out_stride: d,
         };
+        if heads_together {
+            continue;
+        }
         let values = &instance.values[head * dk..];
         let attention = &out.attention[head * n..];
         let glimpse = &mut out.glimpse[head * dk..];
         weighted_sums::<M, R>(attention, values, (d, dk), by_attention, glimpse);
+    }
+    if heads_together {
+        head_weighted_sums::<M>(out.attention, instance.values, (n, h, dk), out.glimpse);
     }
     // Single-head logits, clipped, masked, log-softmax, over the padded lanes.
     let logit_keys = instance.logit_keys_t;
