@@ -262,14 +262,14 @@ fn forward_rows<M: MulAdd, const R: usize>(
             let a = (r * h + head) * n;
             out.attention[a..a + n].copy_from_slice(&row_lanes[..n]);
         }
+        if heads_together {
+            continue;
+        }
         let by_attention = RowsAt {
             coef_stride: h * n,
             count: n,
             out_stride: d,
         };
-        if heads_together {
-            continue;
-        }
         let values = &instance.values[head * dk..];
         let attention = &out.attention[head * n..];
         let glimpse = &mut out.glimpse[head * dk..];
