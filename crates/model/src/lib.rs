@@ -14,6 +14,7 @@ pub mod decode;
 pub mod decoder_step;
 pub mod encoder;
 mod linear;
+mod mask_kernel;
 mod normalization;
 pub mod pointer_network;
 pub mod problem;

@@ -95,8 +95,25 @@ impl CvrpState {
         self.last_node.clone()
     }
 
-    /// `[B, N]` true where a node may not be chosen next.
+    /// `[B, N]` true where a node may not be chosen next: one operation on flex, Burn's
+    /// tensor operations elsewhere.
     pub fn mask(&self) -> Tensor<2, Bool> {
+        if crate::backend::runs_on_flex(&self.demands.device()) {
+            return crate::mask_kernel::fused(
+                self.demands.clone(),
+                self.used_capacity.clone(),
+                self.capacity.clone(),
+                self.visited.clone(),
+                self.last_node.clone(),
+                self.tolerance,
+            );
+        }
+        self.mask_op_by_op()
+    }
+
+    /// [`CvrpState::mask`] in Burn's tensor operations: what backends other than flex run,
+    /// and the reference the fused form is tested against.
+    fn mask_op_by_op(&self) -> Tensor<2, Bool> {
         let [b, n] = self.demands.dims();
         // `demand + load > capacity`, added in this order: Kool's float32 test exactly.
         let too_heavy = (self.demands.clone() + self.used_capacity.clone().expand([b, n])).greater(
@@ -127,5 +144,80 @@ impl CvrpState {
         let served = action.clone().squeeze_dim::<1>(1).one_hot::<2>(n).bool(); // [B, N]
         self.visited = self.visited.clone().bool_or(served);
         self.last_node = action;
+    }
+}
+
+#[cfg(all(test, feature = "flex"))]
+mod tests {
+    use burn::tensor::{Device, TensorData};
+
+    use super::*;
+
+    fn read_mask(mask: Tensor<2, Bool>) -> Vec<bool> {
+        mask.into_data().try_into_vec_as::<bool>().expect("bool")
+    }
+
+    /// Rows walking random routes, each step to a node that the op-by-op mask allows:
+    /// integer demands against small capacities, so that exact fits, customers too heavy
+    /// for the load, depot returns with customers left and finished rows all occur. At
+    /// every step the fused mask equals the op-by-op one.
+    fn assert_fused_mask_matches(device: &Device, arithmetic: LoadArithmetic) {
+        let (rows, n) = (48, 9);
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move |bound: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % bound
+        };
+        let capacities: Vec<f32> = (0..rows).map(|_| (7 + next(24)) as f32).collect();
+        let demands: Vec<f32> = (0..rows * n)
+            .map(|i| {
+                if i % n == 0 {
+                    0.0
+                } else {
+                    (1 + next(9)) as f32
+                }
+            })
+            .collect();
+        let demands = Tensor::<2>::from_data(TensorData::new(demands, [rows, n]), device);
+        let capacity = Tensor::<2>::from_data(TensorData::new(capacities, [rows, 1]), device);
+        let mut state = CvrpState::with_arithmetic(demands, capacity, arithmetic);
+        let (mut depot_open_at_depot, mut depot_shut, mut fits_exactly) = (0, 0, 0);
+        for step in 0..2 * n {
+            let reference = read_mask(state.mask_op_by_op());
+            assert_eq!(
+                read_mask(state.mask()),
+                reference,
+                "{arithmetic:?}, step {step}"
+            );
+            let last: Vec<i64> = state.last_node().into_data().iter::<i64>().collect();
+            let mut actions = Vec::with_capacity(rows);
+            for (r, masked) in reference.chunks_exact(n).enumerate() {
+                let open: Vec<usize> = (0..n).filter(|&j| !masked[j]).collect();
+                depot_open_at_depot += usize::from(last[r] == 0 && !masked[0]);
+                depot_shut += usize::from(masked[0]);
+                let choice = open[next(open.len() as u64) as usize];
+                actions.push(choice as i64);
+            }
+            state.step(Tensor::<2, Int>::from_data(
+                TensorData::new(actions, [rows, 1]),
+                device,
+            ));
+            let remaining = state.remaining_capacity_fraction();
+            let remaining = remaining.into_data().try_to_vec::<f32>().expect("floats");
+            fits_exactly += remaining.iter().filter(|&&f| f == 0.0).count();
+        }
+        // The walk reached the cases the rule tells apart.
+        assert!(depot_open_at_depot > 0 && depot_shut > 0 && fits_exactly > 0);
+    }
+
+    #[test]
+    fn fused_mask_matches_op_by_op() {
+        for device in [Device::flex(), Device::flex().autodiff()] {
+            for arithmetic in [LoadArithmetic::Exact, LoadArithmetic::Float32] {
+                assert_fused_mask_matches(&device, arithmetic);
+            }
+        }
     }
 }

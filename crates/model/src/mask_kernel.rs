@@ -1,0 +1,184 @@
+//! [`crate::state::CvrpState::mask`] as one flex operation: one pass over the rows.
+//!
+//! Composed from Burn's tensor operations the mask is ten operations on `[R, N]` tensors
+//! at every decode step, and on flex half of their time went to a `bool_not` of a strided
+//! slice (flex's element-by-element path) and a `cat`: 3% of a POMO step's CPU time.
+//!
+//! Only flex has it; elsewhere the op-by-op form in `CvrpState` runs, which the tests
+//! compare against. The rule is the same comparison in the same float order, so the masks
+//! are the same bit for bit.
+
+use burn::tensor::{Bool, Int, Tensor};
+
+/// The decoder's mask from the state's tensors: see [`crate::state::CvrpState::mask`].
+/// Call it only where [`crate::backend::runs_on_flex`] holds.
+///
+/// # Shapes
+/// - `demands`, `visited`: `[R, N]`; `used_capacity`, `capacity`, `last_node`: `[R, 1]`
+/// - output: `[R, N]`, true where a node may not be chosen next
+#[cfg(feature = "flex")]
+pub(crate) fn fused(
+    demands: Tensor<2>,
+    used_capacity: Tensor<2>,
+    capacity: Tensor<2>,
+    visited: Tensor<2, Bool>,
+    last_node: Tensor<2, Int>,
+    tolerance: f32,
+) -> Tensor<2, Bool> {
+    use burn::backend::Dispatch;
+    let out = <Dispatch as MaskBackend>::node_mask(
+        demands.into_dispatch(),
+        used_capacity.into_dispatch(),
+        capacity.into_dispatch(),
+        visited.into_dispatch(),
+        last_node.into_dispatch(),
+        tolerance,
+    );
+    Tensor::from_dispatch(out)
+}
+
+#[cfg(not(feature = "flex"))]
+pub(crate) fn fused(
+    _demands: Tensor<2>,
+    _used_capacity: Tensor<2>,
+    _capacity: Tensor<2>,
+    _visited: Tensor<2, Bool>,
+    _last_node: Tensor<2, Int>,
+    _tolerance: f32,
+) -> Tensor<2, Bool> {
+    unreachable!("flex is not compiled in; check `runs_on_flex` first")
+}
+
+#[cfg(feature = "flex")]
+use extension::MaskBackend;
+
+#[cfg(feature = "flex")]
+mod extension {
+    use burn::backend::backend_extension;
+    use burn::backend::tensor::{BoolTensor, FloatTensor, IntTensor};
+
+    /// The decoder's mask as a backend operation (no gradient: its inputs are the state).
+    #[backend_extension(Autodiff: cfg(feature = "autodiff"), Flex: cfg(feature = "flex"))]
+    pub trait MaskBackend: burn::backend::Backend {
+        /// See [`super::fused`].
+        fn node_mask(
+            demands: FloatTensor<Self>,
+            used_capacity: FloatTensor<Self>,
+            capacity: FloatTensor<Self>,
+            visited: BoolTensor<Self>,
+            last_node: IntTensor<Self>,
+            tolerance: f32,
+        ) -> BoolTensor<Self>;
+    }
+}
+
+/// One row's mask over its `N` nodes (written to `out`, 1 = masked), by the rule of
+/// [`crate::state::CvrpState::mask`]: a customer is masked when visited or when
+/// `demand + used > limit` (`limit` = capacity + tolerance, added as the op-by-op form
+/// adds them); the depot when the vehicle stands at it and some customer is not masked.
+fn mask_row(
+    demands: &[f32],
+    (used, limit): (f32, f32),
+    visited: &[u8],
+    at_depot: bool,
+    out: &mut [u8],
+) {
+    let mut any_customer_feasible = false;
+    for ((out, &demand), &visited) in out.iter_mut().zip(demands).zip(visited).skip(1) {
+        let masked = visited != 0 || demand + used > limit;
+        *out = u8::from(masked);
+        any_customer_feasible |= !masked;
+    }
+    out[0] = u8::from(at_depot && any_customer_feasible);
+}
+
+#[cfg(feature = "flex")]
+mod flex_impl {
+    use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+    use burn::backend::autodiff::Autodiff;
+    use burn::backend::tensor::{BoolTensor, FloatTensor, IntTensor};
+    use burn::backend::{BoolStore, Bytes, DType, Flex};
+    use burn_flex::{FlexTensor, Layout};
+
+    use super::{mask_row, MaskBackend};
+    use crate::row_kernels::floats;
+
+    /// Whether each row's vehicle stands at the depot, from contiguous `[R, 1]` node
+    /// indices.
+    fn at_depot(last_node: &FlexTensor) -> Vec<bool> {
+        let (start, end) = last_node.layout().contiguous_offsets().expect("contiguous");
+        match last_node.dtype() {
+            DType::I64 => last_node.storage::<i64>()[start..end]
+                .iter()
+                .map(|&v| v == 0)
+                .collect(),
+            DType::I32 => last_node.storage::<i32>()[start..end]
+                .iter()
+                .map(|&v| v == 0)
+                .collect(),
+            other => unreachable!("flex's node indices are i32 or i64, not {other:?}"),
+        }
+    }
+
+    impl MaskBackend for Flex {
+        fn node_mask(
+            demands: FloatTensor<Self>,
+            used_capacity: FloatTensor<Self>,
+            capacity: FloatTensor<Self>,
+            visited: BoolTensor<Self>,
+            last_node: IntTensor<Self>,
+            tolerance: f32,
+        ) -> BoolTensor<Self> {
+            let shape = demands.layout().shape().clone();
+            let n = shape[1];
+            let [demands, used, capacity, visited, last_node] =
+                [demands, used_capacity, capacity, visited, last_node].map(|t| t.to_contiguous());
+            let bool_dtype = visited.dtype();
+            assert!(
+                matches!(bool_dtype, DType::Bool(BoolStore::Native | BoolStore::U8)),
+                "flex's booleans are one byte each, not {bool_dtype:?}"
+            );
+            let (used, capacity) = (floats(&used), floats(&capacity));
+            let (start, end) = visited.layout().contiguous_offsets().expect("contiguous");
+            let visited_rows = visited.storage::<u8>()[start..end].chunks_exact(n);
+            let rows = floats(&demands).chunks_exact(n);
+            let mut out = vec![0u8; shape.num_elements()];
+            let at_depot = at_depot(&last_node);
+            for (r, ((out, demands), visited)) in out
+                .chunks_exact_mut(n)
+                .zip(rows)
+                .zip(visited_rows)
+                .enumerate()
+            {
+                let limit = capacity[r] + tolerance;
+                mask_row(demands, (used[r], limit), visited, at_depot[r], out);
+            }
+            FlexTensor::new(
+                Bytes::from_elems(out),
+                Layout::contiguous(shape),
+                bool_dtype,
+            )
+        }
+    }
+
+    impl<C: CheckpointStrategy> MaskBackend for Autodiff<Flex, C> {
+        fn node_mask(
+            demands: FloatTensor<Self>,
+            used_capacity: FloatTensor<Self>,
+            capacity: FloatTensor<Self>,
+            visited: BoolTensor<Self>,
+            last_node: IntTensor<Self>,
+            tolerance: f32,
+        ) -> BoolTensor<Self> {
+            // The state carries no gradient: the inner tensors, untracked.
+            <Flex as MaskBackend>::node_mask(
+                demands.into_primitive(),
+                used_capacity.into_primitive(),
+                capacity.into_primitive(),
+                visited,
+                last_node,
+                tolerance,
+            )
+        }
+    }
+}
