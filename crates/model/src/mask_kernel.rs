@@ -2,7 +2,8 @@
 //!
 //! Composed from Burn's tensor operations the mask is ten operations on `[R, N]` tensors
 //! at every decode step, and on flex half of their time went to a `bool_not` of a strided
-//! slice (flex's element-by-element path) and a `cat`: 3% of a POMO step's CPU time.
+//! slice (flex's element-by-element path) and a `cat`. In all it was ~5% of a POMO step's
+//! CPU time.
 //!
 //! Only flex has it; elsewhere the op-by-op form in `CvrpState` runs, which the tests
 //! compare against. The rule is the same comparison in the same float order, so the masks
@@ -10,42 +11,39 @@
 
 use burn::tensor::{Bool, Int, Tensor};
 
-/// The decoder's mask from the state's tensors: see [`crate::state::CvrpState::mask`].
-/// Call it only where [`crate::backend::runs_on_flex`] holds.
+/// What the mask is computed from: the state's tensors.
 ///
 /// # Shapes
 /// - `demands`, `visited`: `[R, N]`; `used_capacity`, `capacity`, `last_node`: `[R, 1]`
-/// - output: `[R, N]`, true where a node may not be chosen next
+#[cfg_attr(not(feature = "flex"), allow(dead_code))]
+pub(crate) struct MaskInputs {
+    pub demands: Tensor<2>,
+    pub used_capacity: Tensor<2>,
+    pub capacity: Tensor<2>,
+    pub visited: Tensor<2, Bool>,
+    pub last_node: Tensor<2, Int>,
+    pub tolerance: f32,
+}
+
+/// The decoder's mask, `[R, N]`, true where a node may not be chosen next: see
+/// [`crate::state::CvrpState::mask`]. Call it only where [`crate::backend::runs_on_flex`]
+/// holds.
 #[cfg(feature = "flex")]
-pub(crate) fn fused(
-    demands: Tensor<2>,
-    used_capacity: Tensor<2>,
-    capacity: Tensor<2>,
-    visited: Tensor<2, Bool>,
-    last_node: Tensor<2, Int>,
-    tolerance: f32,
-) -> Tensor<2, Bool> {
+pub(crate) fn fused(inputs: MaskInputs) -> Tensor<2, Bool> {
     use burn::backend::Dispatch;
     let out = <Dispatch as MaskBackend>::node_mask(
-        demands.into_dispatch(),
-        used_capacity.into_dispatch(),
-        capacity.into_dispatch(),
-        visited.into_dispatch(),
-        last_node.into_dispatch(),
-        tolerance,
+        inputs.demands.into_dispatch(),
+        inputs.used_capacity.into_dispatch(),
+        inputs.capacity.into_dispatch(),
+        inputs.visited.into_dispatch(),
+        inputs.last_node.into_dispatch(),
+        inputs.tolerance,
     );
     Tensor::from_dispatch(out)
 }
 
 #[cfg(not(feature = "flex"))]
-pub(crate) fn fused(
-    _demands: Tensor<2>,
-    _used_capacity: Tensor<2>,
-    _capacity: Tensor<2>,
-    _visited: Tensor<2, Bool>,
-    _last_node: Tensor<2, Int>,
-    _tolerance: f32,
-) -> Tensor<2, Bool> {
+pub(crate) fn fused(_inputs: MaskInputs) -> Tensor<2, Bool> {
     unreachable!("flex is not compiled in; check `runs_on_flex` first")
 }
 

@@ -99,14 +99,14 @@ impl CvrpState {
     /// tensor operations elsewhere.
     pub fn mask(&self) -> Tensor<2, Bool> {
         if crate::backend::runs_on_flex(&self.demands.device()) {
-            return crate::mask_kernel::fused(
-                self.demands.clone(),
-                self.used_capacity.clone(),
-                self.capacity.clone(),
-                self.visited.clone(),
-                self.last_node.clone(),
-                self.tolerance,
-            );
+            return crate::mask_kernel::fused(crate::mask_kernel::MaskInputs {
+                demands: self.demands.clone(),
+                used_capacity: self.used_capacity.clone(),
+                capacity: self.capacity.clone(),
+                visited: self.visited.clone(),
+                last_node: self.last_node.clone(),
+                tolerance: self.tolerance,
+            });
         }
         self.mask_op_by_op()
     }
