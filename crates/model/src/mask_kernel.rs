@@ -70,52 +70,49 @@ mod extension {
     }
 }
 
-/// One row's mask over its `N` nodes (written to `out`, 1 = masked), by the rule of
-/// [`crate::state::CvrpState::mask`]: a customer is masked when visited or when
-/// `demand + used > limit` (`limit` = capacity + tolerance, added as the op-by-op form
-/// adds them); the depot when the vehicle stands at it and some customer is not masked.
-fn mask_row(
-    demands: &[f32],
-    (used, limit): (f32, f32),
-    visited: &[u8],
-    at_depot: bool,
-    out: &mut [u8],
-) {
-    let mut any_customer_feasible = false;
-    for ((out, &demand), &visited) in out.iter_mut().zip(demands).zip(visited).skip(1) {
-        let masked = visited != 0 || demand + used > limit;
-        *out = u8::from(masked);
-        any_customer_feasible |= !masked;
-    }
-    out[0] = u8::from(at_depot && any_customer_feasible);
-}
-
 #[cfg(feature = "flex")]
 mod flex_impl {
     use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
     use burn::backend::autodiff::Autodiff;
     use burn::backend::tensor::{BoolTensor, FloatTensor, IntTensor};
-    use burn::backend::{BoolStore, Bytes, DType, Flex};
+    use burn::backend::{Bytes, Flex};
     use burn_flex::{FlexTensor, Layout};
 
-    use super::{mask_row, MaskBackend};
+    use super::MaskBackend;
     use crate::row_kernels::floats;
 
     /// Whether each row's vehicle stands at the depot, from contiguous `[R, 1]` node
-    /// indices.
+    /// indices (flex's ints are i64 or i32).
     fn at_depot(last_node: &FlexTensor) -> Vec<bool> {
-        let (start, end) = last_node.layout().contiguous_offsets().expect("contiguous");
-        match last_node.dtype() {
-            DType::I64 => last_node.storage::<i64>()[start..end]
-                .iter()
-                .map(|&v| v == 0)
-                .collect(),
-            DType::I32 => last_node.storage::<i32>()[start..end]
-                .iter()
-                .map(|&v| v == 0)
-                .collect(),
-            other => unreachable!("flex's node indices are i32 or i64, not {other:?}"),
+        if let Some(nodes) = last_node.as_slice::<i64>() {
+            return nodes.iter().map(|&v| v == 0).collect();
         }
+        let nodes = last_node.as_slice::<i32>();
+        nodes
+            .expect("contiguous i32 or i64 node indices")
+            .iter()
+            .map(|&v| v == 0)
+            .collect()
+    }
+
+    /// One row's mask over its `N` nodes (written to `out`, 1 = masked), by the rule of
+    /// [`crate::state::CvrpState::mask`]: a customer is masked when visited or when
+    /// `demand + used > limit` (`limit` = capacity + tolerance, added as the op-by-op form
+    /// adds them); the depot when the vehicle stands at it and some customer is not masked.
+    fn mask_row(
+        demands: &[f32],
+        (used, limit): (f32, f32),
+        visited: &[u8],
+        at_depot: bool,
+        out: &mut [u8],
+    ) {
+        let mut any_customer_feasible = false;
+        for ((out, &demand), &visited) in out.iter_mut().zip(demands).zip(visited).skip(1) {
+            let masked = visited != 0 || demand + used > limit;
+            *out = u8::from(masked);
+            any_customer_feasible |= !masked;
+        }
+        out[0] = u8::from(at_depot && any_customer_feasible);
     }
 
     impl MaskBackend for Flex {
@@ -131,11 +128,8 @@ mod flex_impl {
             let n = shape[1];
             let [demands, used, capacity, visited, last_node] =
                 [demands, used_capacity, capacity, visited, last_node].map(|t| t.to_contiguous());
+            // `storage::<u8>` checks that the booleans are one byte each.
             let bool_dtype = visited.dtype();
-            assert!(
-                matches!(bool_dtype, DType::Bool(BoolStore::Native | BoolStore::U8)),
-                "flex's booleans are one byte each, not {bool_dtype:?}"
-            );
             let (used, capacity) = (floats(&used), floats(&capacity));
             let (start, end) = visited.layout().contiguous_offsets().expect("contiguous");
             let visited_rows = visited.storage::<u8>()[start..end].chunks_exact(n);
