@@ -153,6 +153,7 @@ fn per_step_config(mut config: Config, steps: usize) -> Config {
     let t = &mut config.training;
     t.epochs = steps;
     t.lr_decay = 1.0;
+    t.lr_final = None;
     let r = &mut config.reinforce;
     r.batches_per_epoch = 1;
     if r.baseline == BaselineKind::Rollout {

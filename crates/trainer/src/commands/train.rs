@@ -9,6 +9,7 @@ use crate::error::TrainError;
 use crate::inference::TrainedModel;
 use crate::run::checkpoint::save_module;
 use crate::run::interrupt;
+use crate::run::lr_schedule::LrSchedule;
 use crate::run::skeleton::TrainOptions;
 use crate::training::train;
 
@@ -206,6 +207,7 @@ fn announce(plan: &Plan, backend: Backend) {
         config.training.batch_size,
         plan.run_dir.display()
     );
+    eprintln!("{}", LrSchedule::new(&config.training).describe());
 }
 
 /// `runs/{stem}-NNN`, the first number not taken.

@@ -237,6 +237,11 @@ pub struct TrainingConfig {
     pub lr: f64,
     /// Multiply the learning rate by this after every epoch (1.0: constant).
     pub lr_decay: f64,
+    /// Decay the learning rate exponentially, step by step, from `lr` to this as the run
+    /// ends: by its epochs, or by its `time_limit` if that comes first. Replaces
+    /// `lr_decay`, and with a time limit suits every machine's speed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lr_final: Option<f64>,
     /// Global gradient-norm clip (0: no clipping).
     pub max_grad_norm: f64,
     pub seed: u64,
@@ -300,6 +305,7 @@ impl Default for TrainingConfig {
             batch_size: 512,
             lr: 1e-4,
             lr_decay: 1.0,
+            lr_final: None,
             max_grad_norm: 1.0,
             seed: 0,
             decode_check_every: routeburn_model::DecodeOptions::DEFAULT_CHECK_EVERY,
@@ -645,6 +651,15 @@ impl Config {
         positive("training.batch_size", t.batch_size)?;
         finite_positive("training.lr", t.lr)?;
         finite_positive("training.lr_decay", t.lr_decay)?;
+        if let Some(lr_final) = t.lr_final {
+            finite_positive("training.lr_final", lr_final)?;
+            check(
+                t.lr_decay == 1.0,
+                "training.lr_decay",
+                "1.0 (left out) when `training.lr_final` is set: both schedule the rate",
+                t.lr_decay,
+            )?;
+        }
         check(
             t.max_grad_norm.is_finite() && t.max_grad_norm >= 0.0,
             "training.max_grad_norm",

@@ -4,6 +4,7 @@
 pub(crate) mod checkpoint;
 pub(crate) mod interrupt;
 pub(crate) mod lock;
+pub(crate) mod lr_schedule;
 pub(crate) mod method;
 pub(crate) mod metrics;
 pub(crate) mod paths;

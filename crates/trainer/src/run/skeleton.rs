@@ -28,6 +28,7 @@ use crate::run::checkpoint::{
 };
 use crate::run::interrupt;
 use crate::run::lock::RunLock;
+use crate::run::lr_schedule::{LrSchedule, RunPosition};
 use crate::run::method::{RunRngs, Setup, StepContext, StepLoss, StepStats, TrainingMethod};
 use crate::run::metrics::{append_metrics, truncate_metrics, EpochMetrics, Phase, PhaseTimes};
 use crate::run::progress::{epoch_bar, print_summary};
@@ -194,6 +195,7 @@ struct Run<M: TrainingMethod> {
     /// The best validation so far, and the run's wall-clock budget in seconds.
     best: Option<BestValidation>,
     time_limit: Option<f64>,
+    lr_schedule: LrSchedule,
     /// This process's claim on the run directory.
     _lock: RunLock,
     /// Wall time of earlier sessions of a resumed run, and when this one started.
@@ -275,6 +277,7 @@ impl<M: TrainingMethod> Run<M> {
             elapsed_before: resumed.as_ref().map_or(0.0, |(_, s)| s.elapsed_seconds),
             best: resumed.as_ref().and_then(|(_, s)| s.best),
             time_limit: t.time_limit_seconds(),
+            lr_schedule: LrSchedule::new(t),
             resume_progress: resumed.and_then(|(_, s)| s.in_epoch),
             _lock: lock,
             opts,
@@ -310,14 +313,19 @@ impl<M: TrainingMethod> Run<M> {
     /// and whether the time limit stopped it part-way.
     fn epoch(&mut self, epoch: usize) -> Result<(EpochMetrics, bool), TrainError> {
         let epoch_start = Instant::now();
-        let t = &self.opts.config.training;
-        let lr = t.lr * t.lr_decay.powi(epoch as i32);
         self.method.begin_epoch(epoch, &mut self.rngs);
         let (first_step, mut times, mut stats, mut totals, seconds_before) = self.epoch_sums();
         let steps = self.method.steps_per_epoch();
         let progress = epoch_bar(&self.opts.config, epoch, steps, self.opts.verbose);
         let mut steps_done = steps;
+        let mut lr = 0.0;
         for step in first_step..steps {
+            lr = self.lr_schedule.rate(RunPosition {
+                epoch,
+                step,
+                steps_per_epoch: steps,
+                elapsed_seconds: self.elapsed(),
+            });
             let ctx = StepContext {
                 epoch,
                 step,
@@ -367,7 +375,7 @@ impl<M: TrainingMethod> Run<M> {
             baseline_updated,
             instances_per_second: totals.instances as f64 / train_seconds,
             seconds: seconds_before + epoch_start.elapsed().as_secs_f64(),
-            elapsed_seconds: self.elapsed_before + self.session_start.elapsed().as_secs_f64(),
+            elapsed_seconds: self.elapsed(),
             phases: times,
         };
         let stopped = steps_done < steps;
@@ -377,9 +385,14 @@ impl<M: TrainingMethod> Run<M> {
         Ok((metrics, stopped))
     }
 
+    /// Wall-clock seconds of the whole run, resumed sessions included.
+    fn elapsed(&self) -> f64 {
+        self.elapsed_before + self.session_start.elapsed().as_secs_f64()
+    }
+
     /// Seconds of the time limit left (none without one).
     fn time_left(&self) -> Option<f64> {
-        let spent = self.elapsed_before + self.session_start.elapsed().as_secs_f64();
+        let spent = self.elapsed();
         self.time_limit.map(|limit| limit - spent)
     }
 
