@@ -147,7 +147,9 @@ def pomo(args):
     throughput, timed per batch with the first `--warmup` batches left out; with
     `--max-minutes` and `--eval`, routeburn's budget recipe (configs/cvrp20_25min.toml:
     epochs of `--batches`, Adam at `--lr` decayed by `--lr-decay` per epoch) and then its
-    gaps on a routeburn JSONL set by greedy, multistart and multistart+aug8."""
+    gaps on a routeburn JSONL set by greedy, multistart and multistart+aug8. The recipe now
+    decays to `lr_final` = 1e-4 by the clock; rl4co's ~130 epochs in 25 minutes on a Zen 5
+    at 0.986 end near 1.6e-4, close to it."""
     import lightning as L
     from rl4co.envs import CVRPEnv
     from rl4co.models import POMO
