@@ -1,13 +1,16 @@
 //! Loops over contiguous `f32` rows that the flex kernels share (the decoder step's and
 //! the encoder's self-attention): weighted sums of rows kept in AVX2 registers, a
-//! polynomial exponential, a masked softmax. Each is compiled twice: with fused
+//! polynomial exponential, a masked softmax. Each is compiled three times: with fused
 //! multiply-adds inside the callers' `#[target_feature(enable = "avx2,fma")]` functions
-//! (`Fused`), and plainly for other CPUs (`Plain`).
+//! (`Fused`), the same with the weighted sums in 16-lane AVX-512 vectors inside their
+//! `avx512f` twins (`Wide`), and plainly for other CPUs (`Plain`).
 
 /// How a multiply-add and eight exponentials are computed: fused and in AVX2 registers
 /// (`Fused`, used only under [`has_avx2_fma`]), else a product and a sum and lane by lane
 /// (a software `fmaf` would be far slower).
 pub(crate) trait MulAdd {
+    /// The lanes of [`weighted_sums`]' vectors of sums: 16 fill an AVX-512 register.
+    const SUM_LANES: usize = 8;
     fn mul_add(a: f32, b: f32, c: f32) -> f32;
     /// `x[i] = e^x[i]` as [`exp_lane`] computes it.
     fn exp8(x: &mut [f32; 8]);
@@ -17,6 +20,10 @@ pub(crate) trait MulAdd {
 }
 
 pub(crate) struct Fused;
+/// [`Fused`] with [`weighted_sums`] in 16-lane vectors, used only under [`has_avx512`].
+/// Each output is the same chain of multiply-adds in the same order, so its numbers are
+/// [`Fused`]'s, bit for bit.
+pub(crate) struct Wide;
 pub(crate) struct Plain;
 
 impl MulAdd for Fused {
@@ -46,6 +53,25 @@ impl MulAdd for Fused {
         }
         #[cfg(not(target_arch = "x86_64"))]
         Plain::kept_max8(values, keep, max)
+    }
+}
+
+impl MulAdd for Wide {
+    const SUM_LANES: usize = 16;
+
+    #[inline(always)]
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        Fused::mul_add(a, b, c)
+    }
+
+    #[inline(always)]
+    fn exp8(x: &mut [f32; 8]) {
+        Fused::exp8(x)
+    }
+
+    #[inline(always)]
+    fn kept_max8(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]) {
+        Fused::kept_max8(values, keep, max)
     }
 }
 
@@ -107,9 +133,10 @@ pub(crate) struct RowsAt {
 
 /// `R` rows' weighted sums over the same `rows`: row r's `out[..width] = Σ_k coefs[k] ·
 /// rows[k·stride ..][..width]`. Each output is summed in k order whatever `R` is, so
-/// blocking rows changes no result. The sums stay in registers, three 8-lane vectors of
-/// `R` rows at a time (4 × 3 sums, 3 keys and a coefficient fill AVX2's 16 registers),
-/// four for a single row; lanes past a multiple of 8 are summed one by one. Dense: the
+/// blocking rows, or the vectors' width, changes no result. The sums stay in registers,
+/// three vectors of `R` rows at a time (4 × 3 sums, 3 keys and a coefficient fill AVX2's
+/// 16 registers), four for a single row: 16-lane vectors first under [`Wide`], then
+/// 8-lane ones; lanes past a multiple of 8 are summed one by one. Dense: the
 /// backward's coefficients are zero at masked nodes, but a branch per coefficient on the
 /// mask's pattern cost more than the multiply-adds it saved (and adding `x · 0` leaves a
 /// sum exactly as it was).
@@ -121,26 +148,14 @@ pub(crate) fn weighted_sums<M: MulAdd, const R: usize>(
     at: RowsAt,
     out: &mut [f32],
 ) {
-    let vectors = width / 8;
-    // A row alone has the registers for four vectors of sums at a time.
-    let per_block = if R == 1 { 4 } else { 3 };
     let mut start = 0;
-    for _ in 0..vectors / per_block {
-        match per_block {
-            4 => weighted_rows_block::<M, R, 4>(coefs, rows, stride, start, at, out),
-            _ => weighted_rows_block::<M, R, 3>(coefs, rows, stride, start, at, out),
-        }
-        start += 8 * per_block;
+    if M::SUM_LANES == 16 {
+        start = weighted_vectors::<M, R, 16>(coefs, rows, stride, (start, width), at, out);
     }
-    match vectors % per_block {
-        3 => weighted_rows_block::<M, R, 3>(coefs, rows, stride, start, at, out),
-        2 => weighted_rows_block::<M, R, 2>(coefs, rows, stride, start, at, out),
-        1 => weighted_rows_block::<M, R, 1>(coefs, rows, stride, start, at, out),
-        _ => {}
-    }
+    let start = weighted_vectors::<M, R, 8>(coefs, rows, stride, (start, width), at, out);
     for r in 0..R {
         let row_coefs = &coefs[r * at.coef_stride..][..at.count];
-        for lane in vectors * 8..width {
+        for lane in start..width {
             out[r * at.out_stride + lane] =
                 row_coefs.iter().enumerate().fold(0.0, |acc, (k, &c)| {
                     M::mul_add(rows[k * stride + lane], c, acc)
@@ -149,8 +164,38 @@ pub(crate) fn weighted_sums<M: MulAdd, const R: usize>(
     }
 }
 
+/// [`weighted_sums`] over the whole `L`-lane vectors of lanes `start..end`, in blocks;
+/// returns where they end.
 #[inline(always)]
-fn weighted_rows_block<M: MulAdd, const R: usize, const B: usize>(
+fn weighted_vectors<M: MulAdd, const R: usize, const L: usize>(
+    coefs: &[f32],
+    rows: &[f32],
+    stride: usize,
+    (mut start, end): (usize, usize),
+    at: RowsAt,
+    out: &mut [f32],
+) -> usize {
+    let vectors = (end - start) / L;
+    // A row alone has the registers for four vectors of sums at a time.
+    let per_block = if R == 1 { 4 } else { 3 };
+    for _ in 0..vectors / per_block {
+        match per_block {
+            4 => weighted_rows_block::<M, R, 4, L>(coefs, rows, stride, start, at, out),
+            _ => weighted_rows_block::<M, R, 3, L>(coefs, rows, stride, start, at, out),
+        }
+        start += L * per_block;
+    }
+    match vectors % per_block {
+        3 => weighted_rows_block::<M, R, 3, L>(coefs, rows, stride, start, at, out),
+        2 => weighted_rows_block::<M, R, 2, L>(coefs, rows, stride, start, at, out),
+        1 => weighted_rows_block::<M, R, 1, L>(coefs, rows, stride, start, at, out),
+        _ => {}
+    }
+    start + L * (vectors % per_block)
+}
+
+#[inline(always)]
+fn weighted_rows_block<M: MulAdd, const R: usize, const B: usize, const L: usize>(
     coefs: &[f32],
     rows: &[f32],
     stride: usize,
@@ -158,11 +203,11 @@ fn weighted_rows_block<M: MulAdd, const R: usize, const B: usize>(
     at: RowsAt,
     out: &mut [f32],
 ) {
-    let mut acc = [[[0.0f32; 8]; B]; R];
+    let mut acc = [[[0.0f32; L]; B]; R];
     if let Some(last) = at.count.checked_sub(1) {
         // One bounds check each for every key row and coefficient the loop reads.
         assert!(
-            last * stride + start + 8 * B <= rows.len(),
+            last * stride + start + L * B <= rows.len(),
             "rows too short"
         );
         assert!(
@@ -175,9 +220,9 @@ fn weighted_rows_block<M: MulAdd, const R: usize, const B: usize>(
             let c: [f32; R] =
                 std::array::from_fn(|r| unsafe { *coefs.get_unchecked(r * at.coef_stride + k) });
             for b in 0..B {
-                // SAFETY: row k starts at rows[k·stride + start] and is read up to 8·B
+                // SAFETY: row k starts at rows[k·stride + start] and is read up to L·B
                 // floats on, within `rows` by the assertion above.
-                let x: [f32; 8] = std::array::from_fn(|lane| unsafe { *row.add(b * 8 + lane) });
+                let x: [f32; L] = std::array::from_fn(|lane| unsafe { *row.add(b * L + lane) });
                 for (acc, &c) in acc.iter_mut().zip(&c) {
                     for (acc, &x) in acc[b].iter_mut().zip(&x) {
                         *acc = M::mul_add(x, c, *acc);
@@ -189,8 +234,8 @@ fn weighted_rows_block<M: MulAdd, const R: usize, const B: usize>(
     }
     for (r, acc) in acc.iter().enumerate() {
         for (b, acc) in acc.iter().enumerate() {
-            let at = r * at.out_stride + start + b * 8;
-            out[at..at + 8].copy_from_slice(acc);
+            let at = r * at.out_stride + start + b * L;
+            out[at..at + L].copy_from_slice(acc);
         }
     }
 }
@@ -439,6 +484,14 @@ pub(crate) fn masked_softmax<M: MulAdd>(values: &mut [f32], keep: &[f32]) {
 pub(crate) fn padded(nodes: usize) -> usize {
     nodes.div_ceil(8) * 8
 }
+/// Whether the `avx512f,avx512vl` twins of the kernels (with [`Wide`]) may run.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && has_avx2_fma()
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn has_avx2_fma() -> bool {
     std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
@@ -555,6 +608,80 @@ mod tests {
     #[target_feature(enable = "avx2,fma")]
     fn weighted_sums_avx2(c: &[f32], v: &[f32], sw: (usize, usize), at: RowsAt, o: &mut [f32]) {
         weighted_sums::<Fused, 1>(c, v, sw, at, o)
+    }
+
+    /// `R` rows' weighted sums in 16-lane vectors (`Wide`) and in 8-lane ones (`Fused`),
+    /// bit for bit, and against a plain sum in k order to within f32 rounding: widths
+    /// that are 16-lane vectors and blocks of them only, leave one 8-lane vector, or
+    /// leave single lanes; row blocks of 1, 2 and 4; strides wider than the width.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn wide_weighted_sums_give_the_eight_lane_numbers() {
+        if !has_avx512() {
+            eprintln!("skipped: this CPU has no AVX-512 (F and VL)");
+            return;
+        }
+        #[target_feature(enable = "avx2,fma")]
+        fn fused<const R: usize>(c: &[f32], v: &[f32], sw: (usize, usize), at: RowsAt) -> Vec<f32> {
+            let mut out = vec![f32::NAN; R * at.out_stride];
+            weighted_sums::<Fused, R>(c, v, sw, at, &mut out);
+            out
+        }
+        #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+        fn wide<const R: usize>(c: &[f32], v: &[f32], sw: (usize, usize), at: RowsAt) -> Vec<f32> {
+            let mut out = vec![f32::NAN; R * at.out_stride];
+            weighted_sums::<Wide, R>(c, v, sw, at, &mut out);
+            out
+        }
+        let mut state = 7u32;
+        let mut next = move || {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (state >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        for width in [1, 7, 8, 15, 16, 24, 31, 40, 48, 64, 72, 128, 136] {
+            for count in [1, 5, 21] {
+                let stride = width + 3;
+                let rows: Vec<f32> = (0..count * stride).map(|_| next()).collect();
+                let coefs: Vec<f32> = (0..4 * count).map(|_| next()).collect();
+                let at = RowsAt {
+                    coef_stride: count,
+                    count,
+                    out_stride: width,
+                };
+                let sw = (stride, width);
+                // SAFETY: the CPU has AVX-512 F and VL, AVX2 and FMA (checked above).
+                let pairs = unsafe {
+                    [
+                        (
+                            wide::<1>(&coefs, &rows, sw, at),
+                            fused::<1>(&coefs, &rows, sw, at),
+                        ),
+                        (
+                            wide::<2>(&coefs, &rows, sw, at),
+                            fused::<2>(&coefs, &rows, sw, at),
+                        ),
+                        (
+                            wide::<4>(&coefs, &rows, sw, at),
+                            fused::<4>(&coefs, &rows, sw, at),
+                        ),
+                    ]
+                };
+                for (wide, fused) in pairs {
+                    let (wide_bits, fused_bits): (Vec<u32>, Vec<u32>) = (
+                        wide.iter().map(|x| x.to_bits()).collect(),
+                        fused.iter().map(|x| x.to_bits()).collect(),
+                    );
+                    assert_eq!(wide_bits, fused_bits, "width {width}, {count} rows summed");
+                    for (i, &got) in wide.iter().enumerate() {
+                        let (r, lane) = (i / width, i % width);
+                        let want: f32 = (0..count)
+                            .map(|k| coefs[r * count + k] * rows[k * stride + lane])
+                            .sum();
+                        assert!((got - want).abs() <= 1e-5, "width {width}: {got} vs {want}");
+                    }
+                }
+            }
+        }
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -23,12 +23,12 @@
 
 use rayon::prelude::*;
 
-#[cfg(target_arch = "x86_64")]
-use crate::row_kernels::has_avx2_fma;
 use crate::row_kernels::{
     exp_lane, head_weighted_sums, heads_fit, kept_exp_sum, kept_max, masked_softmax, padded,
     rows_in_block, weighted_sums, Fused, MulAdd, Plain, RowsAt, ROW_BLOCK,
 };
+#[cfg(target_arch = "x86_64")]
+use crate::row_kernels::{has_avx2_fma, has_avx512, Wide};
 
 /// Sizes of one step.
 #[derive(Debug, Clone, Copy)]
@@ -185,8 +185,8 @@ struct RowsOut<'a> {
     tanh: &'a mut [f32],
 }
 
-/// [`forward_rows`] for a block of `rows` = [`ROW_BLOCK`], 2 or 1 rows, compiled for AVX2
-/// and FMA where the CPU has them.
+/// [`forward_rows`] for a block of `rows` = [`ROW_BLOCK`], 2 or 1 rows, compiled for AVX-512,
+/// or else AVX2 and FMA, where the CPU has them.
 fn forward_rows_dispatch(
     rows: usize,
     dims: Dims,
@@ -195,6 +195,11 @@ fn forward_rows_dispatch(
     out: RowsOut,
     lanes: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: the CPU supports AVX-512 (F and VL), AVX2 and FMA (checked above).
+        return unsafe { forward_rows_avx512(rows, dims, scale, x, out, lanes) };
+    }
     #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         // SAFETY: the CPU supports AVX2 and FMA (checked above).
@@ -221,6 +226,23 @@ fn forward_rows_avx2(
         ROW_BLOCK => forward_rows::<Fused, ROW_BLOCK>(dims, scale, x, out, lanes),
         2 => forward_rows::<Fused, 2>(dims, scale, x, out, lanes),
         _ => forward_rows::<Fused, 1>(dims, scale, x, out, lanes),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+fn forward_rows_avx512(
+    rows: usize,
+    dims: Dims,
+    scale: Scale,
+    x: RowsIn,
+    out: RowsOut,
+    lanes: &mut [f32],
+) {
+    match rows {
+        ROW_BLOCK => forward_rows::<Wide, ROW_BLOCK>(dims, scale, x, out, lanes),
+        2 => forward_rows::<Wide, 2>(dims, scale, x, out, lanes),
+        _ => forward_rows::<Wide, 1>(dims, scale, x, out, lanes),
     }
 }
 
@@ -449,7 +471,7 @@ struct RowSaved<'a> {
 type RowBack<'a> = (usize, &'a RowSaved<'a>, &'a InstanceBack<'a>);
 
 /// [`backward_rows`] for a block of `count` = [`ROW_BLOCK`], 2 or 1 rows, compiled for
-/// AVX2 and FMA where the CPU has them.
+/// AVX-512, or else AVX2 and FMA, where the CPU has them.
 fn backward_rows_dispatch(
     count: usize,
     dims: Dims,
@@ -458,6 +480,11 @@ fn backward_rows_dispatch(
     d_query: &mut [f32],
     scratch: &mut BackScratch,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: the CPU supports AVX-512 (F and VL), AVX2 and FMA (checked above).
+        return unsafe { backward_rows_avx512(count, dims, scale, rows, d_query, scratch) };
+    }
     #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         // SAFETY: the CPU supports AVX2 and FMA (checked above).
@@ -484,6 +511,23 @@ fn backward_rows_avx2(
         ROW_BLOCK => backward_rows::<Fused, ROW_BLOCK>(dims, scale, rows, d_query, scratch),
         2 => backward_rows::<Fused, 2>(dims, scale, rows, d_query, scratch),
         _ => backward_rows::<Fused, 1>(dims, scale, rows, d_query, scratch),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+fn backward_rows_avx512(
+    count: usize,
+    dims: Dims,
+    scale: Scale,
+    rows: RowBack,
+    d_query: &mut [f32],
+    scratch: &mut BackScratch,
+) {
+    match count {
+        ROW_BLOCK => backward_rows::<Wide, ROW_BLOCK>(dims, scale, rows, d_query, scratch),
+        2 => backward_rows::<Wide, 2>(dims, scale, rows, d_query, scratch),
+        _ => backward_rows::<Wide, 1>(dims, scale, rows, d_query, scratch),
     }
 }
 
@@ -601,13 +645,18 @@ fn logit_grads_row(
 /// The instance's key, value and logit-key gradients: `[N, H, dk]`, `[N, H, dk]`, `[N, d]`.
 type InstanceGrads<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [f32]);
 
-/// [`instance_grads`] compiled for AVX2 and FMA, where the CPU has them.
+/// [`instance_grads`] compiled for AVX-512, or else AVX2 and FMA, where the CPU has them.
 fn instance_grads_dispatch(
     dims: Dims,
     instance: &InstanceBack,
     scratch: &BackScratch,
     out: InstanceGrads,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: the CPU supports AVX-512 (F and VL), AVX2 and FMA (checked above).
+        return unsafe { instance_grads_avx512(dims, instance, scratch, out) };
+    }
     #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         // SAFETY: the CPU supports AVX2 and FMA (checked above).
@@ -625,6 +674,17 @@ fn instance_grads_avx2(
     out: InstanceGrads,
 ) {
     instance_grads::<Fused>(dims, instance, scratch, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+fn instance_grads_avx512(
+    dims: Dims,
+    instance: &InstanceBack,
+    scratch: &BackScratch,
+    out: InstanceGrads,
+) {
+    instance_grads::<Wide>(dims, instance, scratch, out)
 }
 
 /// Sums over the instance's rows, [`ROW_BLOCK`] nodes at a time (they share the rows'

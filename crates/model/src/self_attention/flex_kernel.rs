@@ -15,7 +15,7 @@
 use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
-use crate::row_kernels::has_avx2_fma;
+use crate::row_kernels::{has_avx2_fma, has_avx512, Wide};
 use crate::row_kernels::{masked_softmax, padded, weighted_sums_all, Fused, MulAdd, Plain, RowsAt};
 
 /// Sizes of one instance (a call takes as many as its slices hold).
@@ -91,6 +91,11 @@ pub(crate) fn forward(dims: Dims, qkv: &[f32], weights: Option<&mut [f32]>) -> V
             || Scratch::new(dims),
             |scratch, ((out, qkv), weights)| {
                 #[cfg(target_arch = "x86_64")]
+                if has_avx512() {
+                    // SAFETY: the CPU supports AVX-512 (F and VL), AVX2 and FMA (checked above).
+                    return unsafe { forward_instance_avx512(dims, qkv, (out, weights), scratch) };
+                }
+                #[cfg(target_arch = "x86_64")]
                 if has_avx2_fma() {
                     // SAFETY: the CPU supports AVX2 and FMA (checked above).
                     return unsafe { forward_instance_avx2(dims, qkv, (out, weights), scratch) };
@@ -113,6 +118,12 @@ type ForwardOut<'a> = (&'a mut [f32], Option<&'a mut [f32]>);
 #[target_feature(enable = "avx2,fma")]
 fn forward_instance_avx2(dims: Dims, qkv: &[f32], out: ForwardOut, scratch: &mut Scratch) {
     forward_instance::<Fused>(dims, qkv, out, scratch)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+fn forward_instance_avx512(dims: Dims, qkv: &[f32], out: ForwardOut, scratch: &mut Scratch) {
+    forward_instance::<Wide>(dims, qkv, out, scratch)
 }
 
 /// One instance: `qkv` `[N, 3d]` → `out` `[N, d]`.
@@ -194,6 +205,11 @@ pub(crate) fn backward(dims: Dims, qkv: &[f32], weights: &[f32], grad_out: &[f32
             |scratch, (((grad, qkv), weights), grad_out)| {
                 let io = (qkv, weights, grad_out, grad);
                 #[cfg(target_arch = "x86_64")]
+                if has_avx512() {
+                    // SAFETY: the CPU supports AVX-512 (F and VL), AVX2 and FMA (checked above).
+                    return unsafe { backward_instance_avx512(dims, io, scratch) };
+                }
+                #[cfg(target_arch = "x86_64")]
                 if has_avx2_fma() {
                     // SAFETY: the CPU supports AVX2 and FMA (checked above).
                     return unsafe { backward_instance_avx2(dims, io, scratch) };
@@ -212,6 +228,12 @@ type BackwardIo<'a> = (&'a [f32], &'a [f32], &'a [f32], &'a mut [f32]);
 #[target_feature(enable = "avx2,fma")]
 fn backward_instance_avx2(dims: Dims, io: BackwardIo, scratch: &mut Scratch) {
     backward_instance::<Fused>(dims, io, scratch)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+fn backward_instance_avx512(dims: Dims, io: BackwardIo, scratch: &mut Scratch) {
+    backward_instance::<Wide>(dims, io, scratch)
 }
 
 /// One instance, head by head. With a = softmax(s), s = q·k/√dk, o = Σ a v:
