@@ -484,7 +484,27 @@ pub(crate) fn masked_softmax<M: MulAdd>(values: &mut [f32], keep: &[f32]) {
 pub(crate) fn padded(nodes: usize) -> usize {
     nodes.div_ceil(8) * 8
 }
-/// Whether the `avx512f,avx512vl` twins of the kernels (with [`Wide`]) may run.
+/// The AVX2 and AVX-512 builds of a kernel generic over [`MulAdd`]: `$avx2` runs
+/// `$kernel::<Fused>` compiled for AVX2 and FMA, `$avx512` runs `$kernel::<Wide>` compiled
+/// for AVX-512 F and VL too. Call them only where [`has_avx2_fma`] or [`has_avx512`] holds.
+macro_rules! simd_builds {
+    ($kernel:ident => $avx2:ident, $avx512:ident ($($arg:ident: $ty:ty),* $(,)?)) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma")]
+        fn $avx2($($arg: $ty),*) {
+            $kernel::<$crate::row_kernels::Fused>($($arg),*)
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+        fn $avx512($($arg: $ty),*) {
+            $kernel::<$crate::row_kernels::Wide>($($arg),*)
+        }
+    };
+}
+pub(crate) use simd_builds;
+
+/// Whether the `avx512f,avx512vl` builds of the kernels (with [`Wide`]) may run.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn has_avx512() -> bool {
     std::arch::is_x86_feature_detected!("avx512f")

@@ -25,10 +25,10 @@ use rayon::prelude::*;
 
 use crate::row_kernels::{
     exp_lane, head_weighted_sums, heads_fit, kept_exp_sum, kept_max, masked_softmax, padded,
-    rows_in_block, weighted_sums, Fused, MulAdd, Plain, RowsAt, ROW_BLOCK,
+    rows_in_block, simd_builds, weighted_sums, MulAdd, Plain, RowsAt, ROW_BLOCK,
 };
 #[cfg(target_arch = "x86_64")]
-use crate::row_kernels::{has_avx2_fma, has_avx512, Wide};
+use crate::row_kernels::{has_avx2_fma, has_avx512};
 
 /// Sizes of one step.
 #[derive(Debug, Clone, Copy)]
@@ -205,16 +205,21 @@ fn forward_rows_dispatch(
         // SAFETY: the CPU supports AVX2 and FMA (checked above).
         return unsafe { forward_rows_avx2(rows, dims, scale, x, out, lanes) };
     }
-    match rows {
-        ROW_BLOCK => forward_rows::<Plain, ROW_BLOCK>(dims, scale, x, out, lanes),
-        2 => forward_rows::<Plain, 2>(dims, scale, x, out, lanes),
-        _ => forward_rows::<Plain, 1>(dims, scale, x, out, lanes),
-    }
+    forward_block::<Plain>(rows, dims, scale, x, out, lanes)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn forward_rows_avx2(
+simd_builds!(forward_block => forward_rows_avx2, forward_rows_avx512(
+    rows: usize,
+    dims: Dims,
+    scale: Scale,
+    x: RowsIn,
+    out: RowsOut,
+    lanes: &mut [f32],
+));
+
+/// [`forward_rows`] for a block of `rows` rows, in the form `M`.
+#[inline(always)]
+fn forward_block<M: MulAdd>(
     rows: usize,
     dims: Dims,
     scale: Scale,
@@ -223,26 +228,9 @@ fn forward_rows_avx2(
     lanes: &mut [f32],
 ) {
     match rows {
-        ROW_BLOCK => forward_rows::<Fused, ROW_BLOCK>(dims, scale, x, out, lanes),
-        2 => forward_rows::<Fused, 2>(dims, scale, x, out, lanes),
-        _ => forward_rows::<Fused, 1>(dims, scale, x, out, lanes),
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-fn forward_rows_avx512(
-    rows: usize,
-    dims: Dims,
-    scale: Scale,
-    x: RowsIn,
-    out: RowsOut,
-    lanes: &mut [f32],
-) {
-    match rows {
-        ROW_BLOCK => forward_rows::<Wide, ROW_BLOCK>(dims, scale, x, out, lanes),
-        2 => forward_rows::<Wide, 2>(dims, scale, x, out, lanes),
-        _ => forward_rows::<Wide, 1>(dims, scale, x, out, lanes),
+        ROW_BLOCK => forward_rows::<M, ROW_BLOCK>(dims, scale, x, out, lanes),
+        2 => forward_rows::<M, 2>(dims, scale, x, out, lanes),
+        _ => forward_rows::<M, 1>(dims, scale, x, out, lanes),
     }
 }
 
@@ -490,16 +478,21 @@ fn backward_rows_dispatch(
         // SAFETY: the CPU supports AVX2 and FMA (checked above).
         return unsafe { backward_rows_avx2(count, dims, scale, rows, d_query, scratch) };
     }
-    match count {
-        ROW_BLOCK => backward_rows::<Plain, ROW_BLOCK>(dims, scale, rows, d_query, scratch),
-        2 => backward_rows::<Plain, 2>(dims, scale, rows, d_query, scratch),
-        _ => backward_rows::<Plain, 1>(dims, scale, rows, d_query, scratch),
-    }
+    backward_block::<Plain>(count, dims, scale, rows, d_query, scratch)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn backward_rows_avx2(
+simd_builds!(backward_block => backward_rows_avx2, backward_rows_avx512(
+    count: usize,
+    dims: Dims,
+    scale: Scale,
+    rows: RowBack,
+    d_query: &mut [f32],
+    scratch: &mut BackScratch,
+));
+
+/// [`backward_rows`] for a block of `count` rows, in the form `M`.
+#[inline(always)]
+fn backward_block<M: MulAdd>(
     count: usize,
     dims: Dims,
     scale: Scale,
@@ -508,26 +501,9 @@ fn backward_rows_avx2(
     scratch: &mut BackScratch,
 ) {
     match count {
-        ROW_BLOCK => backward_rows::<Fused, ROW_BLOCK>(dims, scale, rows, d_query, scratch),
-        2 => backward_rows::<Fused, 2>(dims, scale, rows, d_query, scratch),
-        _ => backward_rows::<Fused, 1>(dims, scale, rows, d_query, scratch),
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-fn backward_rows_avx512(
-    count: usize,
-    dims: Dims,
-    scale: Scale,
-    rows: RowBack,
-    d_query: &mut [f32],
-    scratch: &mut BackScratch,
-) {
-    match count {
-        ROW_BLOCK => backward_rows::<Wide, ROW_BLOCK>(dims, scale, rows, d_query, scratch),
-        2 => backward_rows::<Wide, 2>(dims, scale, rows, d_query, scratch),
-        _ => backward_rows::<Wide, 1>(dims, scale, rows, d_query, scratch),
+        ROW_BLOCK => backward_rows::<M, ROW_BLOCK>(dims, scale, rows, d_query, scratch),
+        2 => backward_rows::<M, 2>(dims, scale, rows, d_query, scratch),
+        _ => backward_rows::<M, 1>(dims, scale, rows, d_query, scratch),
     }
 }
 
@@ -665,27 +641,12 @@ fn instance_grads_dispatch(
     instance_grads::<Plain>(dims, instance, scratch, out)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn instance_grads_avx2(
+simd_builds!(instance_grads => instance_grads_avx2, instance_grads_avx512(
     dims: Dims,
     instance: &InstanceBack,
     scratch: &BackScratch,
     out: InstanceGrads,
-) {
-    instance_grads::<Fused>(dims, instance, scratch, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-fn instance_grads_avx512(
-    dims: Dims,
-    instance: &InstanceBack,
-    scratch: &BackScratch,
-    out: InstanceGrads,
-) {
-    instance_grads::<Wide>(dims, instance, scratch, out)
-}
+));
 
 /// Sums over the instance's rows, [`ROW_BLOCK`] nodes at a time (they share the rows'
 /// glimpses, queries and glimpse gradients): logit keys from the logit gradients and

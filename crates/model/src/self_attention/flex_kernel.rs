@@ -15,8 +15,10 @@
 use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
-use crate::row_kernels::{has_avx2_fma, has_avx512, Wide};
-use crate::row_kernels::{masked_softmax, padded, weighted_sums_all, Fused, MulAdd, Plain, RowsAt};
+use crate::row_kernels::{has_avx2_fma, has_avx512};
+use crate::row_kernels::{
+    masked_softmax, padded, simd_builds, weighted_sums_all, MulAdd, Plain, RowsAt,
+};
 
 /// Sizes of one instance (a call takes as many as its slices hold).
 #[derive(Debug, Clone, Copy)]
@@ -114,17 +116,12 @@ pub(crate) fn weights_len(dims: Dims, instances: usize) -> usize {
 /// One instance's output `[N, d]`, and where to keep its weights `[H, N, Np]`.
 type ForwardOut<'a> = (&'a mut [f32], Option<&'a mut [f32]>);
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn forward_instance_avx2(dims: Dims, qkv: &[f32], out: ForwardOut, scratch: &mut Scratch) {
-    forward_instance::<Fused>(dims, qkv, out, scratch)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-fn forward_instance_avx512(dims: Dims, qkv: &[f32], out: ForwardOut, scratch: &mut Scratch) {
-    forward_instance::<Wide>(dims, qkv, out, scratch)
-}
+simd_builds!(forward_instance => forward_instance_avx2, forward_instance_avx512(
+    dims: Dims,
+    qkv: &[f32],
+    out: ForwardOut,
+    scratch: &mut Scratch,
+));
 
 /// One instance: `qkv` `[N, 3d]` → `out` `[N, d]`.
 #[inline(always)]
@@ -224,17 +221,11 @@ pub(crate) fn backward(dims: Dims, qkv: &[f32], weights: &[f32], grad_out: &[f32
 /// `[N, d]` and `qkv` gradient `[N, 3d]`.
 type BackwardIo<'a> = (&'a [f32], &'a [f32], &'a [f32], &'a mut [f32]);
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn backward_instance_avx2(dims: Dims, io: BackwardIo, scratch: &mut Scratch) {
-    backward_instance::<Fused>(dims, io, scratch)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-fn backward_instance_avx512(dims: Dims, io: BackwardIo, scratch: &mut Scratch) {
-    backward_instance::<Wide>(dims, io, scratch)
-}
+simd_builds!(backward_instance => backward_instance_avx2, backward_instance_avx512(
+    dims: Dims,
+    io: BackwardIo,
+    scratch: &mut Scratch,
+));
 
 /// One instance, head by head. With a = softmax(s), s = q·k/√dk, o = Σ a v:
 /// ∂a_ij = g_i · v_j, ∂s_ij = a_ij (∂a_ij − Σ_j' a_ij' ∂a_ij') / √dk, then
