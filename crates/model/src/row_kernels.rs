@@ -484,25 +484,37 @@ pub(crate) fn masked_softmax<M: MulAdd>(values: &mut [f32], keep: &[f32]) {
 pub(crate) fn padded(nodes: usize) -> usize {
     nodes.div_ceil(8) * 8
 }
-/// The AVX2 and AVX-512 builds of a kernel generic over [`MulAdd`]: `$avx2` runs
-/// `$kernel::<Fused>` compiled for AVX2 and FMA, `$avx512` runs `$kernel::<Wide>` compiled
-/// for AVX-512 F and VL too. Call them only where [`has_avx2_fma`] or [`has_avx512`] holds.
-macro_rules! simd_builds {
-    ($kernel:ident => $avx2:ident, $avx512:ident ($($arg:ident: $ty:ty),* $(,)?)) => {
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx2,fma")]
-        fn $avx2($($arg: $ty),*) {
-            $kernel::<$crate::row_kernels::Fused>($($arg),*)
-        }
-
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-        fn $avx512($($arg: $ty),*) {
-            $kernel::<$crate::row_kernels::Wide>($($arg),*)
+/// `fn $name(args)` that runs `$kernel::<M>(args)`, a kernel generic over [`MulAdd`], in
+/// the best form the CPU allows, picked at run time: [`Wide`] compiled for AVX-512 F and
+/// VL, else [`Fused`] compiled for AVX2 and FMA, else [`Plain`].
+macro_rules! simd_dispatch {
+    ($(#[$meta:meta])* fn $name:ident => $kernel:ident($($arg:ident: $ty:ty),* $(,)?)) => {
+        $(#[$meta])*
+        fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+                fn avx512($($arg: $ty),*) {
+                    $kernel::<$crate::row_kernels::Wide>($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                fn avx2($($arg: $ty),*) {
+                    $kernel::<$crate::row_kernels::Fused>($($arg),*)
+                }
+                if $crate::row_kernels::has_avx512() {
+                    // SAFETY: the CPU supports AVX-512 (F and VL), AVX2 and FMA (checked).
+                    return unsafe { avx512($($arg),*) };
+                }
+                if $crate::row_kernels::has_avx2_fma() {
+                    // SAFETY: the CPU supports AVX2 and FMA (checked).
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $kernel::<$crate::row_kernels::Plain>($($arg),*)
         }
     };
 }
-pub(crate) use simd_builds;
+pub(crate) use simd_dispatch;
 
 /// Whether the `avx512f,avx512vl` builds of the kernels (with [`Wide`]) may run.
 #[cfg(target_arch = "x86_64")]

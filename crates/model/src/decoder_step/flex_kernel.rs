@@ -25,10 +25,8 @@ use rayon::prelude::*;
 
 use crate::row_kernels::{
     exp_lane, head_weighted_sums, heads_fit, kept_exp_sum, kept_max, masked_softmax, padded,
-    rows_in_block, simd_builds, weighted_sums, MulAdd, Plain, RowsAt, ROW_BLOCK,
+    rows_in_block, simd_dispatch, weighted_sums, MulAdd, RowsAt, ROW_BLOCK,
 };
-#[cfg(target_arch = "x86_64")]
-use crate::row_kernels::{has_avx2_fma, has_avx512};
 
 /// Sizes of one step.
 #[derive(Debug, Clone, Copy)]
@@ -185,37 +183,18 @@ struct RowsOut<'a> {
     tanh: &'a mut [f32],
 }
 
-/// [`forward_rows`] for a block of `rows` = [`ROW_BLOCK`], 2 or 1 rows, compiled for AVX-512,
-/// or else AVX2 and FMA, where the CPU has them.
-fn forward_rows_dispatch(
-    rows: usize,
-    dims: Dims,
-    scale: Scale,
-    x: RowsIn,
-    out: RowsOut,
-    lanes: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
-        // SAFETY: the CPU supports AVX-512 (F and VL), AVX2 and FMA (checked above).
-        return unsafe { forward_rows_avx512(rows, dims, scale, x, out, lanes) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the CPU supports AVX2 and FMA (checked above).
-        return unsafe { forward_rows_avx2(rows, dims, scale, x, out, lanes) };
-    }
-    forward_block::<Plain>(rows, dims, scale, x, out, lanes)
+simd_dispatch! {
+    /// [`forward_rows`] for a block of `rows` = [`ROW_BLOCK`], 2 or 1 rows, in the best
+    /// form the CPU allows.
+    fn forward_rows_dispatch => forward_block(
+        rows: usize,
+        dims: Dims,
+        scale: Scale,
+        x: RowsIn,
+        out: RowsOut,
+        lanes: &mut [f32],
+    )
 }
-
-simd_builds!(forward_block => forward_rows_avx2, forward_rows_avx512(
-    rows: usize,
-    dims: Dims,
-    scale: Scale,
-    x: RowsIn,
-    out: RowsOut,
-    lanes: &mut [f32],
-));
 
 /// [`forward_rows`] for a block of `rows` rows, in the form `M`.
 #[inline(always)]
@@ -458,37 +437,18 @@ struct RowSaved<'a> {
 /// The first row's index within its instance, the rows' saved values, and their instance.
 type RowBack<'a> = (usize, &'a RowSaved<'a>, &'a InstanceBack<'a>);
 
-/// [`backward_rows`] for a block of `count` = [`ROW_BLOCK`], 2 or 1 rows, compiled for
-/// AVX-512, or else AVX2 and FMA, where the CPU has them.
-fn backward_rows_dispatch(
-    count: usize,
-    dims: Dims,
-    scale: Scale,
-    rows: RowBack,
-    d_query: &mut [f32],
-    scratch: &mut BackScratch,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
-        // SAFETY: the CPU supports AVX-512 (F and VL), AVX2 and FMA (checked above).
-        return unsafe { backward_rows_avx512(count, dims, scale, rows, d_query, scratch) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the CPU supports AVX2 and FMA (checked above).
-        return unsafe { backward_rows_avx2(count, dims, scale, rows, d_query, scratch) };
-    }
-    backward_block::<Plain>(count, dims, scale, rows, d_query, scratch)
+simd_dispatch! {
+    /// [`backward_rows`] for a block of `count` = [`ROW_BLOCK`], 2 or 1 rows, in the best
+    /// form the CPU allows.
+    fn backward_rows_dispatch => backward_block(
+        count: usize,
+        dims: Dims,
+        scale: Scale,
+        rows: RowBack,
+        d_query: &mut [f32],
+        scratch: &mut BackScratch,
+    )
 }
-
-simd_builds!(backward_block => backward_rows_avx2, backward_rows_avx512(
-    count: usize,
-    dims: Dims,
-    scale: Scale,
-    rows: RowBack,
-    d_query: &mut [f32],
-    scratch: &mut BackScratch,
-));
 
 /// [`backward_rows`] for a block of `count` rows, in the form `M`.
 #[inline(always)]
@@ -621,32 +581,15 @@ fn logit_grads_row(
 /// The instance's key, value and logit-key gradients: `[N, H, dk]`, `[N, H, dk]`, `[N, d]`.
 type InstanceGrads<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [f32]);
 
-/// [`instance_grads`] compiled for AVX-512, or else AVX2 and FMA, where the CPU has them.
-fn instance_grads_dispatch(
-    dims: Dims,
-    instance: &InstanceBack,
-    scratch: &BackScratch,
-    out: InstanceGrads,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
-        // SAFETY: the CPU supports AVX-512 (F and VL), AVX2 and FMA (checked above).
-        return unsafe { instance_grads_avx512(dims, instance, scratch, out) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the CPU supports AVX2 and FMA (checked above).
-        return unsafe { instance_grads_avx2(dims, instance, scratch, out) };
-    }
-    instance_grads::<Plain>(dims, instance, scratch, out)
+simd_dispatch! {
+    /// [`instance_grads`] compiled for AVX-512, or else AVX2 and FMA, where the CPU has them.
+    fn instance_grads_dispatch => instance_grads(
+        dims: Dims,
+        instance: &InstanceBack,
+        scratch: &BackScratch,
+        out: InstanceGrads,
+    )
 }
-
-simd_builds!(instance_grads => instance_grads_avx2, instance_grads_avx512(
-    dims: Dims,
-    instance: &InstanceBack,
-    scratch: &BackScratch,
-    out: InstanceGrads,
-));
 
 /// Sums over the instance's rows, [`ROW_BLOCK`] nodes at a time (they share the rows'
 /// glimpses, queries and glimpse gradients): logit keys from the logit gradients and

@@ -14,10 +14,8 @@
 
 use rayon::prelude::*;
 
-#[cfg(target_arch = "x86_64")]
-use crate::row_kernels::{has_avx2_fma, has_avx512};
 use crate::row_kernels::{
-    masked_softmax, padded, simd_builds, weighted_sums_all, MulAdd, Plain, RowsAt,
+    masked_softmax, padded, simd_dispatch, weighted_sums_all, MulAdd, RowsAt,
 };
 
 /// Sizes of one instance (a call takes as many as its slices hold).
@@ -92,17 +90,7 @@ pub(crate) fn forward(dims: Dims, qkv: &[f32], weights: Option<&mut [f32]>) -> V
         .for_each_init(
             || Scratch::new(dims),
             |scratch, ((out, qkv), weights)| {
-                #[cfg(target_arch = "x86_64")]
-                if has_avx512() {
-                    // SAFETY: the CPU supports AVX-512 (F and VL), AVX2 and FMA (checked above).
-                    return unsafe { forward_instance_avx512(dims, qkv, (out, weights), scratch) };
-                }
-                #[cfg(target_arch = "x86_64")]
-                if has_avx2_fma() {
-                    // SAFETY: the CPU supports AVX2 and FMA (checked above).
-                    return unsafe { forward_instance_avx2(dims, qkv, (out, weights), scratch) };
-                }
-                forward_instance::<Plain>(dims, qkv, (out, weights), scratch)
+                forward_instance_dispatch(dims, qkv, (out, weights), scratch)
             },
         );
     out
@@ -116,12 +104,15 @@ pub(crate) fn weights_len(dims: Dims, instances: usize) -> usize {
 /// One instance's output `[N, d]`, and where to keep its weights `[H, N, Np]`.
 type ForwardOut<'a> = (&'a mut [f32], Option<&'a mut [f32]>);
 
-simd_builds!(forward_instance => forward_instance_avx2, forward_instance_avx512(
-    dims: Dims,
-    qkv: &[f32],
-    out: ForwardOut,
-    scratch: &mut Scratch,
-));
+simd_dispatch! {
+    /// [`forward_instance`] in the best form the CPU allows.
+    fn forward_instance_dispatch => forward_instance(
+        dims: Dims,
+        qkv: &[f32],
+        out: ForwardOut,
+        scratch: &mut Scratch,
+    )
+}
 
 /// One instance: `qkv` `[N, 3d]` → `out` `[N, d]`.
 #[inline(always)]
@@ -201,17 +192,7 @@ pub(crate) fn backward(dims: Dims, qkv: &[f32], weights: &[f32], grad_out: &[f32
             || Scratch::new(dims),
             |scratch, (((grad, qkv), weights), grad_out)| {
                 let io = (qkv, weights, grad_out, grad);
-                #[cfg(target_arch = "x86_64")]
-                if has_avx512() {
-                    // SAFETY: the CPU supports AVX-512 (F and VL), AVX2 and FMA (checked above).
-                    return unsafe { backward_instance_avx512(dims, io, scratch) };
-                }
-                #[cfg(target_arch = "x86_64")]
-                if has_avx2_fma() {
-                    // SAFETY: the CPU supports AVX2 and FMA (checked above).
-                    return unsafe { backward_instance_avx2(dims, io, scratch) };
-                }
-                backward_instance::<Plain>(dims, io, scratch)
+                backward_instance_dispatch(dims, io, scratch)
             },
         );
     grad
@@ -221,11 +202,14 @@ pub(crate) fn backward(dims: Dims, qkv: &[f32], weights: &[f32], grad_out: &[f32
 /// `[N, d]` and `qkv` gradient `[N, 3d]`.
 type BackwardIo<'a> = (&'a [f32], &'a [f32], &'a [f32], &'a mut [f32]);
 
-simd_builds!(backward_instance => backward_instance_avx2, backward_instance_avx512(
-    dims: Dims,
-    io: BackwardIo,
-    scratch: &mut Scratch,
-));
+simd_dispatch! {
+    /// [`backward_instance`] in the best form the CPU allows.
+    fn backward_instance_dispatch => backward_instance(
+        dims: Dims,
+        io: BackwardIo,
+        scratch: &mut Scratch,
+    )
+}
 
 /// One instance, head by head. With a = softmax(s), s = q·k/√dk, o = Σ a v:
 /// ∂a_ij = g_i · v_j, ∂s_ij = a_ij (∂a_ij − Σ_j' a_ij' ∂a_ij') / √dk, then
