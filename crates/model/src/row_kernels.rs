@@ -1,9 +1,9 @@
 //! Loops over contiguous `f32` rows that the flex kernels share (the decoder step's and
 //! the encoder's self-attention): weighted sums of rows kept in AVX2 registers, a
-//! polynomial exponential, a masked softmax. Each is compiled three times: with fused
-//! multiply-adds inside the callers' `#[target_feature(enable = "avx2,fma")]` functions
-//! (`Fused`), the same with the weighted sums in 16-lane AVX-512 vectors inside their
-//! `avx512f` twins (`Wide`), and plainly for other CPUs (`Plain`).
+//! polynomial exponential, a masked softmax. Each is compiled three times, in the builds
+//! that [`simd_dispatch`] writes for each kernel: with fused multiply-adds for AVX2 and FMA
+//! (`Fused`), the same with the weighted sums in 16-lane vectors for AVX-512 (`Wide`), and
+//! plainly for other CPUs (`Plain`).
 
 /// How a multiply-add and eight exponentials are computed: fused and in AVX2 registers
 /// (`Fused`, used only under [`has_avx2_fma`]), else a product and a sum and lane by lane
