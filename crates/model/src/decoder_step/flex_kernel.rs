@@ -582,7 +582,7 @@ fn logit_grads_row(
 type InstanceGrads<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [f32]);
 
 simd_dispatch! {
-    /// [`instance_grads`] compiled for AVX-512, or else AVX2 and FMA, where the CPU has them.
+    /// [`instance_grads`] in the best form the CPU allows.
     fn instance_grads_dispatch => instance_grads(
         dims: Dims,
         instance: &InstanceBack,
