@@ -9,11 +9,25 @@
 /// (`Fused`, used only under [`has_avx2_fma`]), else a product and a sum and lane by lane
 /// (a software `fmaf` would be far slower).
 pub(crate) trait MulAdd {
-    /// The lanes of [`weighted_sums`]' vectors of sums: 16 fill an AVX-512 register.
-    const SUM_LANES: usize = 8;
+    /// [`weighted_sums`]' vectors of sums: eight lanes, and sixteen where the form has
+    /// registers that wide (else `Sum16` is never used).
+    type Sum8: Lanes;
+    type Sum16: Lanes;
+    /// Whether [`weighted_sums`] takes 16-lane vectors first.
+    const WIDE: bool = false;
+    /// How many rows (or nodes) [`weighted_sums`] takes together at most: AVX-512's 32
+    /// registers hold the sums of twice as many as AVX2's 16.
+    const ROW_BLOCK: usize = 4;
     fn mul_add(a: f32, b: f32, c: f32) -> f32;
     /// `x[i] = e^x[i]` as [`exp_lane`] computes it.
     fn exp8(x: &mut [f32; 8]);
+    /// `x[i] = exp_lane(x[i])`, bit for bit: its products and sums rounded apart, as the
+    /// scalar form rounds them.
+    fn exp8_unfused(x: &mut [f32; 8]) {
+        for v in x.iter_mut() {
+            *v = exp_lane(*v);
+        }
+    }
     /// One chunk of [`kept_max`]: `max[i]` becomes `values[i]` where `keep[i]` is
     /// non-zero and `values[i] > max[i]`.
     fn kept_max8(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]);
@@ -27,6 +41,12 @@ pub(crate) struct Wide;
 pub(crate) struct Plain;
 
 impl MulAdd for Fused {
+    #[cfg(target_arch = "x86_64")]
+    type Sum8 = Avx2Lanes;
+    #[cfg(not(target_arch = "x86_64"))]
+    type Sum8 = PlainLanes<8>;
+    type Sum16 = PlainLanes<16>;
+
     #[inline(always)]
     fn mul_add(a: f32, b: f32, c: f32) -> f32 {
         a.mul_add(b, c)
@@ -45,6 +65,17 @@ impl MulAdd for Fused {
     }
 
     #[inline(always)]
+    fn exp8_unfused(x: &mut [f32; 8]) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as for `exp8`.
+        unsafe {
+            exp8_unfused_avx2(x)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Plain::exp8_unfused(x)
+    }
+
+    #[inline(always)]
     fn kept_max8(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as for `exp8`.
@@ -57,7 +88,13 @@ impl MulAdd for Fused {
 }
 
 impl MulAdd for Wide {
-    const SUM_LANES: usize = 16;
+    type Sum8 = <Fused as MulAdd>::Sum8;
+    #[cfg(target_arch = "x86_64")]
+    type Sum16 = Avx512Lanes;
+    #[cfg(not(target_arch = "x86_64"))]
+    type Sum16 = PlainLanes<16>;
+    const WIDE: bool = true;
+    const ROW_BLOCK: usize = 8;
 
     #[inline(always)]
     fn mul_add(a: f32, b: f32, c: f32) -> f32 {
@@ -70,12 +107,20 @@ impl MulAdd for Wide {
     }
 
     #[inline(always)]
+    fn exp8_unfused(x: &mut [f32; 8]) {
+        Fused::exp8_unfused(x)
+    }
+
+    #[inline(always)]
     fn kept_max8(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]) {
         Fused::kept_max8(values, keep, max)
     }
 }
 
 impl MulAdd for Plain {
+    type Sum8 = PlainLanes<8>;
+    type Sum16 = PlainLanes<16>;
+
     #[inline(always)]
     fn mul_add(a: f32, b: f32, c: f32) -> f32 {
         a * b + c
@@ -106,29 +151,220 @@ impl MulAdd for Plain {
     }
 }
 
-/// Rows of one instance (and, for its key gradients, nodes) taken together. They read the
-/// same keys, so each key vector loaded serves all of them, and their sums are independent
-/// chains: a row alone keeps only two or three vectors of sums in flight, and each
-/// multiply-add waits on the one before it.
-pub(crate) const ROW_BLOCK: usize = 4;
+/// A vector of running sums of `LANES` lanes, each updated by `x · c + sum`.
+pub(crate) trait Lanes: Copy {
+    const LANES: usize;
+    fn zero() -> Self;
+    /// # Safety
+    /// `at..at + LANES` must be readable.
+    unsafe fn load(at: *const f32) -> Self;
+    /// `self · c + sum` in every lane.
+    fn mul_add(self, c: f32, sum: Self) -> Self;
+    /// Writes the lanes to `out[..LANES]`.
+    fn store(self, out: &mut [f32]);
+}
 
-/// How many of the `left` rows (or nodes) to take next: [`ROW_BLOCK`], 2 or 1.
-pub(crate) fn rows_in_block(left: usize) -> usize {
+/// Lanes in an array, multiplied and added apart (the [`Plain`] form).
+#[derive(Clone, Copy)]
+pub(crate) struct PlainLanes<const L: usize>([f32; L]);
+
+impl<const L: usize> Lanes for PlainLanes<L> {
+    const LANES: usize = L;
+
+    #[inline(always)]
+    fn zero() -> Self {
+        Self([0.0; L])
+    }
+
+    #[inline(always)]
+    unsafe fn load(at: *const f32) -> Self {
+        // SAFETY: the caller guarantees `at..at + L` is readable.
+        Self(std::array::from_fn(|lane| unsafe { *at.add(lane) }))
+    }
+
+    #[inline(always)]
+    fn mul_add(self, c: f32, sum: Self) -> Self {
+        Self(std::array::from_fn(|lane| self.0[lane] * c + sum.0[lane]))
+    }
+
+    #[inline(always)]
+    fn store(self, out: &mut [f32]) {
+        out[..L].copy_from_slice(&self.0);
+    }
+}
+
+/// Eight lanes in an AVX2 register, with fused multiply-adds: written with intrinsics, as
+/// arrays of eight `f32`s at eight rows a block LLVM no longer kept in registers.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(crate) struct Avx2Lanes(std::arch::x86_64::__m256);
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes for Avx2Lanes {
+    const LANES: usize = 8;
+
+    #[inline(always)]
+    fn zero() -> Self {
+        // SAFETY: AVX (below AVX2) is there wherever `Fused` or `Wide` runs.
+        Self(unsafe { std::arch::x86_64::_mm256_setzero_ps() })
+    }
+
+    #[inline(always)]
+    unsafe fn load(at: *const f32) -> Self {
+        // SAFETY: the caller guarantees the 8 floats; AVX as above.
+        Self(unsafe { std::arch::x86_64::_mm256_loadu_ps(at) })
+    }
+
+    #[inline(always)]
+    fn mul_add(self, c: f32, sum: Self) -> Self {
+        // SAFETY: `Avx2Lanes` is used only by `Fused` and `Wide`, which run only where
+        // the CPU has AVX2 and FMA.
+        Self(unsafe { mul_add8_avx2(self.0, c, sum.0) })
+    }
+
+    #[inline(always)]
+    fn store(self, out: &mut [f32]) {
+        let out = &mut out[..8];
+        // SAFETY: `out` holds the 8 floats; AVX as above.
+        unsafe { std::arch::x86_64::_mm256_storeu_ps(out.as_mut_ptr(), self.0) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn mul_add8_avx2(
+    x: std::arch::x86_64::__m256,
+    c: f32,
+    sum: std::arch::x86_64::__m256,
+) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    _mm256_fmadd_ps(x, _mm256_set1_ps(c), sum)
+}
+
+/// Sixteen lanes in an AVX-512 register, with fused multiply-adds: each lane is the same
+/// operation as [`Avx2Lanes`]', so the numbers are the same.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(crate) struct Avx512Lanes(std::arch::x86_64::__m512);
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes for Avx512Lanes {
+    const LANES: usize = 16;
+
+    #[inline(always)]
+    fn zero() -> Self {
+        // SAFETY: `Avx512Lanes` is used only by `Wide`, which runs only where the CPU has
+        // AVX-512 F and VL.
+        Self(unsafe { zero16_avx512() })
+    }
+
+    #[inline(always)]
+    unsafe fn load(at: *const f32) -> Self {
+        // SAFETY: the caller guarantees the 16 floats; AVX-512 as above.
+        Self(unsafe { load16_avx512(at) })
+    }
+
+    #[inline(always)]
+    fn mul_add(self, c: f32, sum: Self) -> Self {
+        // SAFETY: AVX-512 as above.
+        Self(unsafe { mul_add16_avx512(self.0, c, sum.0) })
+    }
+
+    #[inline(always)]
+    fn store(self, out: &mut [f32]) {
+        let out = &mut out[..16];
+        // SAFETY: `out` holds the 16 floats; AVX-512 as above.
+        unsafe { store16_avx512(out.as_mut_ptr(), self.0) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn zero16_avx512() -> std::arch::x86_64::__m512 {
+    std::arch::x86_64::_mm512_setzero_ps()
+}
+
+/// # Safety
+/// `at..at + 16` must be readable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load16_avx512(at: *const f32) -> std::arch::x86_64::__m512 {
+    // SAFETY: the caller guarantees the 16 floats.
+    unsafe { std::arch::x86_64::_mm512_loadu_ps(at) }
+}
+
+/// # Safety
+/// `at..at + 16` must be writable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn store16_avx512(at: *mut f32, x: std::arch::x86_64::__m512) {
+    // SAFETY: the caller guarantees the 16 floats.
+    unsafe { std::arch::x86_64::_mm512_storeu_ps(at, x) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn mul_add16_avx512(
+    x: std::arch::x86_64::__m512,
+    c: f32,
+    sum: std::arch::x86_64::__m512,
+) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    _mm512_fmadd_ps(x, _mm512_set1_ps(c), sum)
+}
+
+/// Rows of one instance (and, for its key gradients, nodes) taken together, at most: see
+/// [`MulAdd::ROW_BLOCK`]. They read the same keys, so each key vector loaded serves all of
+/// them, and their sums are independent chains: a row alone keeps only two or three
+/// vectors of sums in flight, and each multiply-add waits on the one before it.
+pub(crate) const MAX_ROW_BLOCK: usize = 8;
+
+/// How many of the `left` rows (or nodes) the form `M` takes next: its
+/// [`MulAdd::ROW_BLOCK`], 4, 2 or 1.
+#[inline(always)]
+pub(crate) fn rows_in_block<M: MulAdd>(left: usize) -> usize {
     match left {
-        left if left >= ROW_BLOCK => ROW_BLOCK,
+        left if left >= M::ROW_BLOCK => M::ROW_BLOCK,
+        left if left >= 4 => 4,
         left if left >= 2 => 2,
         _ => 1,
     }
 }
 
 /// Where a weighted sum over several rows reads its coefficients and writes its outputs:
-/// row r's coefficients are `coefs[r·coef_stride ..][..count]`, its output
-/// `out[r·out_stride ..][..width]`.
+/// row r's k-th coefficient is `coefs[r·coef_stride + k·coef_step]` (k < count), its
+/// output `out[r·out_stride ..][..width]`. A `coef_step` other than 1 reads coefficients
+/// where another loop left them (a column of a row-major table) instead of from a
+/// transposed copy.
 #[derive(Clone, Copy)]
 pub(crate) struct RowsAt {
     pub(crate) coef_stride: usize,
+    pub(crate) coef_step: usize,
     pub(crate) count: usize,
     pub(crate) out_stride: usize,
+}
+
+impl RowsAt {
+    /// Row r's coefficients `coefs[r·coef_stride ..][..count]`, one after another.
+    pub(crate) fn contiguous(coef_stride: usize, count: usize, out_stride: usize) -> Self {
+        Self {
+            coef_stride,
+            coef_step: 1,
+            count,
+            out_stride,
+        }
+    }
+
+    /// Where row r's k-th coefficient is.
+    #[inline(always)]
+    fn coef(&self, r: usize, k: usize) -> usize {
+        r * self.coef_stride + k * self.coef_step
+    }
 }
 
 /// `R` rows' weighted sums over the same `rows`: row r's `out[..width] = Σ_k coefs[k] ·
@@ -149,17 +385,15 @@ pub(crate) fn weighted_sums<M: MulAdd, const R: usize>(
     out: &mut [f32],
 ) {
     let mut start = 0;
-    if M::SUM_LANES == 16 {
-        start = weighted_vectors::<M, R, 16>(coefs, rows, stride, (start, width), at, out);
+    if M::WIDE {
+        start = weighted_vectors::<M::Sum16, R>(coefs, rows, stride, (start, width), at, out);
     }
-    let start = weighted_vectors::<M, R, 8>(coefs, rows, stride, (start, width), at, out);
+    let start = weighted_vectors::<M::Sum8, R>(coefs, rows, stride, (start, width), at, out);
     for r in 0..R {
-        let row_coefs = &coefs[r * at.coef_stride..][..at.count];
         for lane in start..width {
-            out[r * at.out_stride + lane] =
-                row_coefs.iter().enumerate().fold(0.0, |acc, (k, &c)| {
-                    M::mul_add(rows[k * stride + lane], c, acc)
-                });
+            out[r * at.out_stride + lane] = (0..at.count).fold(0.0, |acc, k| {
+                M::mul_add(rows[k * stride + lane], coefs[at.coef(r, k)], acc)
+            });
         }
     }
 }
@@ -167,7 +401,7 @@ pub(crate) fn weighted_sums<M: MulAdd, const R: usize>(
 /// [`weighted_sums`] over the whole `L`-lane vectors of lanes `start..end`, in blocks;
 /// returns where they end.
 #[inline(always)]
-fn weighted_vectors<M: MulAdd, const R: usize, const L: usize>(
+fn weighted_vectors<V: Lanes, const R: usize>(
     coefs: &[f32],
     rows: &[f32],
     stride: usize,
@@ -175,27 +409,32 @@ fn weighted_vectors<M: MulAdd, const R: usize, const L: usize>(
     at: RowsAt,
     out: &mut [f32],
 ) -> usize {
-    let vectors = (end - start) / L;
-    // A row alone has the registers for four vectors of sums at a time.
-    let per_block = if R == 1 { 4 } else { 3 };
+    let vectors = (end - start) / V::LANES;
+    // A row alone has the registers for four vectors of sums at a time, eight rows for two.
+    let per_block = match R {
+        1 => 4,
+        8 => 2,
+        _ => 3,
+    };
     for _ in 0..vectors / per_block {
         match per_block {
-            4 => weighted_rows_block::<M, R, 4, L>(coefs, rows, stride, start, at, out),
-            _ => weighted_rows_block::<M, R, 3, L>(coefs, rows, stride, start, at, out),
+            4 => weighted_rows_block::<V, R, 4>(coefs, rows, stride, start, at, out),
+            3 => weighted_rows_block::<V, R, 3>(coefs, rows, stride, start, at, out),
+            _ => weighted_rows_block::<V, R, 2>(coefs, rows, stride, start, at, out),
         }
-        start += L * per_block;
+        start += V::LANES * per_block;
     }
     match vectors % per_block {
-        3 => weighted_rows_block::<M, R, 3, L>(coefs, rows, stride, start, at, out),
-        2 => weighted_rows_block::<M, R, 2, L>(coefs, rows, stride, start, at, out),
-        1 => weighted_rows_block::<M, R, 1, L>(coefs, rows, stride, start, at, out),
+        3 => weighted_rows_block::<V, R, 3>(coefs, rows, stride, start, at, out),
+        2 => weighted_rows_block::<V, R, 2>(coefs, rows, stride, start, at, out),
+        1 => weighted_rows_block::<V, R, 1>(coefs, rows, stride, start, at, out),
         _ => {}
     }
-    start + L * (vectors % per_block)
+    start + V::LANES * (vectors % per_block)
 }
 
 #[inline(always)]
-fn weighted_rows_block<M: MulAdd, const R: usize, const B: usize, const L: usize>(
+fn weighted_rows_block<V: Lanes, const R: usize, const B: usize>(
     coefs: &[f32],
     rows: &[f32],
     stride: usize,
@@ -203,30 +442,24 @@ fn weighted_rows_block<M: MulAdd, const R: usize, const B: usize, const L: usize
     at: RowsAt,
     out: &mut [f32],
 ) {
-    let mut acc = [[[0.0f32; L]; B]; R];
+    let mut acc = [[V::zero(); B]; R];
     if let Some(last) = at.count.checked_sub(1) {
         // One bounds check each for every key row and coefficient the loop reads.
         assert!(
-            last * stride + start + L * B <= rows.len(),
+            last * stride + start + V::LANES * B <= rows.len(),
             "rows too short"
         );
-        assert!(
-            (R - 1) * at.coef_stride + at.count <= coefs.len(),
-            "coefficients too short"
-        );
+        assert!(at.coef(R - 1, last) < coefs.len(), "coefficients too short");
         let mut row = rows[start..].as_ptr();
         for k in 0..at.count {
-            // SAFETY: k < count, and row r's coefficients end within `coefs` (asserted).
-            let c: [f32; R] =
-                std::array::from_fn(|r| unsafe { *coefs.get_unchecked(r * at.coef_stride + k) });
-            for b in 0..B {
-                // SAFETY: row k starts at rows[k·stride + start] and is read up to L·B
-                // floats on, within `rows` by the assertion above.
-                let x: [f32; L] = std::array::from_fn(|lane| unsafe { *row.add(b * L + lane) });
-                for (acc, &c) in acc.iter_mut().zip(&c) {
-                    for (acc, &x) in acc[b].iter_mut().zip(&x) {
-                        *acc = M::mul_add(x, c, *acc);
-                    }
+            // SAFETY: row k starts at rows[k·stride + start] and is read up to LANES·B
+            // floats on, within `rows` by the assertion above.
+            let x: [V; B] = std::array::from_fn(|b| unsafe { V::load(row.add(b * V::LANES)) });
+            for (r, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: r < R and k < count: within `coefs` (asserted).
+                let c = unsafe { *coefs.get_unchecked(at.coef(r, k)) };
+                for (acc, &x) in acc.iter_mut().zip(&x) {
+                    *acc = x.mul_add(c, *acc);
                 }
             }
             row = row.wrapping_add(stride);
@@ -234,13 +467,12 @@ fn weighted_rows_block<M: MulAdd, const R: usize, const B: usize, const L: usize
     }
     for (r, acc) in acc.iter().enumerate() {
         for (b, acc) in acc.iter().enumerate() {
-            let at = r * at.out_stride + start + b * L;
-            out[at..at + L].copy_from_slice(acc);
+            acc.store(&mut out[r * at.out_stride + start + b * V::LANES..]);
         }
     }
 }
 
-/// [`weighted_sums`] for `outputs` consecutive outputs, [`ROW_BLOCK`] at a time: output
+/// [`weighted_sums`] for `outputs` consecutive outputs, [`MulAdd::ROW_BLOCK`] at a time: output
 /// r's coefficients are `coefs[r·coef_stride ..][..count]`, its sums
 /// `out[r·out_stride ..][..width]`.
 #[inline(always)]
@@ -254,11 +486,12 @@ pub(crate) fn weighted_sums_all<M: MulAdd>(
 ) {
     let mut r = 0;
     while r < outputs {
-        let count = rows_in_block(outputs - r);
+        let count = rows_in_block::<M>(outputs - r);
         let coefs = &coefs[r * at.coef_stride..];
         let out = &mut out[r * at.out_stride..];
         match count {
-            ROW_BLOCK => weighted_sums::<M, ROW_BLOCK>(coefs, rows, stride_width, at, out),
+            8 => weighted_sums::<M, 8>(coefs, rows, stride_width, at, out),
+            4 => weighted_sums::<M, 4>(coefs, rows, stride_width, at, out),
             2 => weighted_sums::<M, 2>(coefs, rows, stride_width, at, out),
             _ => weighted_sums::<M, 1>(coefs, rows, stride_width, at, out),
         }
@@ -435,6 +668,38 @@ fn exp8_avx2(x: &mut [f32; 8]) {
     // SAFETY: as above.
     unsafe { _mm256_storeu_ps(x.as_mut_ptr(), out) };
 }
+/// [`exp_lane`] on eight lanes in AVX2 registers, each product and sum rounded apart as
+/// the scalar form rounds them, so every lane gets its bits (NaN stays NaN, as through
+/// `clamp`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn exp8_unfused_avx2(x: &mut [f32; 8]) {
+    use std::arch::x86_64::*;
+    // SAFETY: the loads and stores touch exactly `x`'s eight floats.
+    let v = unsafe { _mm256_loadu_ps(x.as_ptr()) };
+    let v = _mm256_min_ps(
+        _mm256_set1_ps(88.0),
+        _mm256_max_ps(_mm256_set1_ps(-87.0), v),
+    );
+    let shifted = _mm256_add_ps(
+        _mm256_mul_ps(v, _mm256_set1_ps(LOG2_E)),
+        _mm256_set1_ps(ROUND),
+    );
+    let k_int = _mm256_sub_epi32(_mm256_castps_si256(shifted), _mm256_set1_epi32(ROUND_BITS));
+    let k = _mm256_sub_ps(shifted, _mm256_set1_ps(ROUND));
+    let r = _mm256_sub_ps(v, _mm256_mul_ps(k, _mm256_set1_ps(LN2_HI)));
+    let r = _mm256_sub_ps(r, _mm256_mul_ps(k, _mm256_set1_ps(LN2_LO)));
+    let mut p = _mm256_set1_ps(EXP_TAYLOR[0]);
+    for c in &EXP_TAYLOR[1..] {
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(*c));
+    }
+    let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(k_int, _mm256_set1_epi32(127)));
+    let out = _mm256_mul_ps(p, _mm256_castsi256_ps(pow2));
+    // SAFETY: as above.
+    unsafe { _mm256_storeu_ps(x.as_mut_ptr(), out) };
+}
+
 /// The largest of `values` where `keep` is non-zero (−∞ when none is), 8 lanes at a time.
 #[inline(always)]
 pub(crate) fn kept_max<M: MulAdd>(values: &[f32], keep: &[f32]) -> f32 {
@@ -598,11 +863,7 @@ mod tests {
             let coefs: Vec<f32> = (0..heads * nodes).map(|_| next()).collect();
             let values: Vec<f32> = (0..nodes * d).map(|_| next()).collect();
             let one_head = |head: usize, out: &mut [f32], fused: bool| {
-                let at = RowsAt {
-                    coef_stride: 0,
-                    count: nodes,
-                    out_stride: 0,
-                };
+                let at = RowsAt::contiguous(0, nodes, 0);
                 let (c, v) = (&coefs[head * nodes..], &values[head * head_dim..]);
                 let o = &mut out[head * head_dim..];
                 match fused {
@@ -645,12 +906,14 @@ mod tests {
     /// `R` rows' weighted sums in 16-lane vectors (`Wide`) and in 8-lane ones (`Fused`),
     /// bit for bit, and against a plain sum in k order to within f32 rounding: widths
     /// that are 16-lane vectors and blocks of them only, leave one 8-lane vector, or
-    /// leave single lanes; row blocks of 1, 2 and 4; strides wider than the width.
+    /// leave single lanes; row blocks of 1, 2, 4 and 8; strides wider than the width;
+    /// each row's coefficients one after another, and as a column of a table (every
+    /// eighth float).
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn wide_weighted_sums_give_the_eight_lane_numbers() {
         if !has_avx512() {
-            eprintln!("skipped: this CPU has no AVX-512 (F and VL)");
+            eprintln!("skipped: this CPU has no AVX-512 F and VL");
             return;
         }
         #[target_feature(enable = "avx2,fma")]
@@ -674,46 +937,92 @@ mod tests {
             for count in [1, 5, 21] {
                 let stride = width + 3;
                 let rows: Vec<f32> = (0..count * stride).map(|_| next()).collect();
-                let coefs: Vec<f32> = (0..4 * count).map(|_| next()).collect();
-                let at = RowsAt {
-                    coef_stride: count,
+                let coefs: Vec<f32> = (0..8 * count).map(|_| next()).collect();
+                let column = RowsAt {
+                    coef_stride: 1,
+                    coef_step: 8,
                     count,
                     out_stride: width,
                 };
-                let sw = (stride, width);
-                // SAFETY: the CPU has AVX-512 F and VL, AVX2 and FMA (checked above).
-                let pairs = unsafe {
-                    [
-                        (
-                            wide::<1>(&coefs, &rows, sw, at),
-                            fused::<1>(&coefs, &rows, sw, at),
-                        ),
-                        (
-                            wide::<2>(&coefs, &rows, sw, at),
-                            fused::<2>(&coefs, &rows, sw, at),
-                        ),
-                        (
-                            wide::<4>(&coefs, &rows, sw, at),
-                            fused::<4>(&coefs, &rows, sw, at),
-                        ),
-                    ]
-                };
-                for (wide, fused) in pairs {
-                    let (wide_bits, fused_bits): (Vec<u32>, Vec<u32>) = (
-                        wide.iter().map(|x| x.to_bits()).collect(),
-                        fused.iter().map(|x| x.to_bits()).collect(),
-                    );
-                    assert_eq!(wide_bits, fused_bits, "width {width}, {count} rows summed");
-                    for (i, &got) in wide.iter().enumerate() {
-                        let (r, lane) = (i / width, i % width);
-                        let want: f32 = (0..count)
-                            .map(|k| coefs[r * count + k] * rows[k * stride + lane])
-                            .sum();
-                        assert!((got - want).abs() <= 1e-5, "width {width}: {got} vs {want}");
+                for at in [RowsAt::contiguous(count, count, width), column] {
+                    let sw = (stride, width);
+                    // SAFETY: the CPU has AVX-512 F and VL, AVX2 and FMA (checked above).
+                    let pairs = unsafe {
+                        [
+                            (
+                                wide::<1>(&coefs, &rows, sw, at),
+                                fused::<1>(&coefs, &rows, sw, at),
+                            ),
+                            (
+                                wide::<2>(&coefs, &rows, sw, at),
+                                fused::<2>(&coefs, &rows, sw, at),
+                            ),
+                            (
+                                wide::<4>(&coefs, &rows, sw, at),
+                                fused::<4>(&coefs, &rows, sw, at),
+                            ),
+                            (
+                                wide::<8>(&coefs, &rows, sw, at),
+                                fused::<8>(&coefs, &rows, sw, at),
+                            ),
+                        ]
+                    };
+                    for (wide, fused) in pairs {
+                        let (wide_bits, fused_bits): (Vec<u32>, Vec<u32>) = (
+                            wide.iter().map(|x| x.to_bits()).collect(),
+                            fused.iter().map(|x| x.to_bits()).collect(),
+                        );
+                        assert_eq!(wide_bits, fused_bits, "width {width}, {count} rows summed");
+                        for (i, &got) in wide.iter().enumerate() {
+                            let (r, lane) = (i / width, i % width);
+                            let want: f32 = (0..count)
+                                .map(|k| coefs[at.coef(r, k)] * rows[k * stride + lane])
+                                .sum();
+                            assert!((got - want).abs() <= 1e-5, "width {width}: {got} vs {want}");
+                        }
                     }
                 }
             }
         }
+    }
+
+    /// The eight-lane exponential with its products and sums rounded apart gives
+    /// [`exp_lane`]'s bits, across the range and at its edges.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn unfused_exp8_gives_exp_lanes_bits() {
+        if !has_avx2_fma() {
+            eprintln!("skipped: this CPU has no AVX2 and FMA");
+            return;
+        }
+        let edges = [
+            f32::NEG_INFINITY,
+            -1e30,
+            -87.5,
+            -87.0,
+            -0.0,
+            0.0,
+            88.0,
+            89.0,
+        ];
+        let sweep = (0..=200_000).map(|i| -100.0 + i as f32 * 1e-3);
+        let inputs: Vec<f32> = edges.into_iter().chain(sweep).collect();
+        for chunk in inputs.chunks(8) {
+            let mut lanes = [0.0f32; 8];
+            lanes[..chunk.len()].copy_from_slice(chunk);
+            let want = lanes.map(exp_lane);
+            // SAFETY: the CPU has AVX2 and FMA (checked above).
+            unsafe { exp8_unfused_avx2(&mut lanes) };
+            assert_eq!(
+                lanes.map(f32::to_bits),
+                want.map(f32::to_bits),
+                "at {chunk:?}"
+            );
+        }
+        let mut nan = [f32::NAN; 8];
+        // SAFETY: as above.
+        unsafe { exp8_unfused_avx2(&mut nan) };
+        assert!(nan.iter().all(|x| x.is_nan()));
     }
 
     #[cfg(target_arch = "x86_64")]

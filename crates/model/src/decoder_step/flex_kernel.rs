@@ -24,8 +24,8 @@
 use rayon::prelude::*;
 
 use crate::row_kernels::{
-    exp_lane, head_weighted_sums, heads_fit, kept_exp_sum, kept_max, masked_softmax, padded,
-    rows_in_block, simd_dispatch, weighted_sums, MulAdd, RowsAt, ROW_BLOCK,
+    head_weighted_sums, heads_fit, kept_exp_sum, kept_max, masked_softmax, padded, rows_in_block,
+    simd_dispatch, weighted_sums, MulAdd, RowsAt, MAX_ROW_BLOCK,
 };
 
 /// Sizes of one step.
@@ -131,35 +131,65 @@ pub(crate) fn forward(dims: Dims, scale: Scale, x: &Inputs) -> (Vec<f32>, Saved)
         .zip(saved.tanh.par_chunks_mut(s * n));
     per_instance
         .enumerate()
-        .for_each(|(i, (((lp, att), glimpse), tanh))| {
-            let block = i * n * d..(i + 1) * n * d;
-            let np = padded(n);
-            let (keys_t, rest) = by_feature_block(x, dims, i).split_at(d * np);
-            // Two [ROW_BLOCK, Np] blocks: the rows' lanes and which nodes each may choose.
-            let mut lanes = vec![0.0f32; 2 * ROW_BLOCK * np];
-            let instance = InstanceIn {
-                keys_t,
-                values: &x.glimpse_values[block],
-                logit_keys_t: &rest[..d * np],
+        .for_each(|(i, (((log_probs, attention), glimpse), tanh))| {
+            let out = RowsOut {
+                log_probs,
+                attention,
+                glimpse,
+                tanh,
             };
-            let mut row = 0;
-            while row < s {
-                let count = rows_in_block(s - row);
-                let (r, rows) = (i * s + row, row..row + count);
-                let rows_out = RowsOut {
-                    log_probs: &mut lp[rows.start * n..rows.end * n],
-                    attention: &mut att[rows.start * h * n..rows.end * h * n],
-                    glimpse: &mut glimpse[rows.start * d..rows.end * d],
-                    tanh: &mut tanh[rows.start * n..rows.end * n],
-                };
-                let query = &x.query[r * d..(r + count) * d];
-                let mask = &x.mask[r * n..(r + count) * n];
-                let rows_in = (query, mask, &instance);
-                forward_rows_dispatch(count, dims, scale, rows_in, rows_out, &mut lanes);
-                row += count;
-            }
+            forward_instance_dispatch(dims, scale, (x, i), out);
         });
     (log_probs, saved)
+}
+
+simd_dispatch! {
+    /// [`forward_instance`] in the best form the CPU allows.
+    fn forward_instance_dispatch => forward_instance(
+        dims: Dims,
+        scale: Scale,
+        x: (&Inputs, usize),
+        out: RowsOut,
+    )
+}
+
+/// Instance `i`'s rows, in blocks of up to [`MulAdd::ROW_BLOCK`]: `out` holds its rows'
+/// outputs.
+#[inline(always)]
+fn forward_instance<M: MulAdd>(dims: Dims, scale: Scale, (x, i): (&Inputs, usize), out: RowsOut) {
+    let (n, h, d, s) = (dims.nodes, dims.heads, dims.embed(), dims.starts);
+    let block = i * n * d..(i + 1) * n * d;
+    let np = padded(n);
+    let (keys_t, rest) = by_feature_block(x, dims, i).split_at(d * np);
+    // Two [MAX_ROW_BLOCK, Np] blocks: the rows' lanes and which nodes each may choose.
+    let mut lanes = vec![0.0f32; 2 * MAX_ROW_BLOCK * np];
+    let instance = InstanceIn {
+        keys_t,
+        values: &x.glimpse_values[block],
+        logit_keys_t: &rest[..d * np],
+    };
+    let mut row = 0;
+    while row < s {
+        let count = rows_in_block::<M>(s - row);
+        let (r, rows) = (i * s + row, row..row + count);
+        let rows_out = RowsOut {
+            log_probs: &mut out.log_probs[rows.start * n..rows.end * n],
+            attention: &mut out.attention[rows.start * h * n..rows.end * h * n],
+            glimpse: &mut out.glimpse[rows.start * d..rows.end * d],
+            tanh: &mut out.tanh[rows.start * n..rows.end * n],
+        };
+        let query = &x.query[r * d..(r + count) * d];
+        let mask = &x.mask[r * n..(r + count) * n];
+        let x = (query, mask, &instance);
+        let lanes = &mut lanes;
+        match count {
+            8 => forward_rows::<M, 8>(dims, scale, x, rows_out, lanes),
+            4 => forward_rows::<M, 4>(dims, scale, x, rows_out, lanes),
+            2 => forward_rows::<M, 2>(dims, scale, x, rows_out, lanes),
+            _ => forward_rows::<M, 1>(dims, scale, x, rows_out, lanes),
+        }
+        row += count;
+    }
 }
 
 /// What a forward row reads of its instance.
@@ -183,36 +213,6 @@ struct RowsOut<'a> {
     tanh: &'a mut [f32],
 }
 
-simd_dispatch! {
-    /// [`forward_rows`] for a block of `rows` = [`ROW_BLOCK`], 2 or 1 rows, in the best
-    /// form the CPU allows.
-    fn forward_rows_dispatch => forward_block(
-        rows: usize,
-        dims: Dims,
-        scale: Scale,
-        x: RowsIn,
-        out: RowsOut,
-        lanes: &mut [f32],
-    )
-}
-
-/// [`forward_rows`] for a block of `rows` rows, in the form `M`.
-#[inline(always)]
-fn forward_block<M: MulAdd>(
-    rows: usize,
-    dims: Dims,
-    scale: Scale,
-    x: RowsIn,
-    out: RowsOut,
-    lanes: &mut [f32],
-) {
-    match rows {
-        ROW_BLOCK => forward_rows::<M, ROW_BLOCK>(dims, scale, x, out, lanes),
-        2 => forward_rows::<M, 2>(dims, scale, x, out, lanes),
-        _ => forward_rows::<M, 1>(dims, scale, x, out, lanes),
-    }
-}
-
 /// `R` rows of one instance: the glimpse's products and the logits for all of them at
 /// once, the softmaxes row by row.
 #[inline(always)]
@@ -225,7 +225,7 @@ fn forward_rows<M: MulAdd, const R: usize>(
 ) {
     let (n, h, dk, d) = (dims.nodes, dims.heads, dims.head_dim, dims.embed());
     let np = padded(n);
-    let (lanes, keep) = lanes.split_at_mut(ROW_BLOCK * np);
+    let (lanes, keep) = lanes.split_at_mut(MAX_ROW_BLOCK * np);
     for r in 0..R {
         let keep = &mut keep[r * np..(r + 1) * np];
         for (k, &m) in keep.iter_mut().zip(&mask[r * n..(r + 1) * n]) {
@@ -233,11 +233,7 @@ fn forward_rows<M: MulAdd, const R: usize>(
         }
         keep[n..].fill(0.0);
     }
-    let lane_rows = |count| RowsAt {
-        coef_stride: d,
-        count,
-        out_stride: np,
-    };
+    let lane_rows = |count| RowsAt::contiguous(d, count, np);
     // The glimpse: each head attends over the unmasked nodes. A row alone takes its
     // heads' weighted values together, after every head's softmax: one head's sums are
     // only dk / 8 vectors, each multiply-add waiting on the one before.
@@ -254,11 +250,7 @@ fn forward_rows<M: MulAdd, const R: usize>(
         if heads_together {
             continue;
         }
-        let by_attention = RowsAt {
-            coef_stride: h * n,
-            count: n,
-            out_stride: d,
-        };
+        let by_attention = RowsAt::contiguous(h * n, n, d);
         let values = &instance.values[head * dk..];
         let attention = &out.attention[head * n..];
         let glimpse = &mut out.glimpse[head * dk..];
@@ -333,7 +325,7 @@ pub(crate) fn backward(
     saved: &Saved,
     grad_out: &[f32],
 ) -> Grads {
-    let (n, d, s, h) = (dims.nodes, dims.embed(), dims.starts, dims.heads);
+    let (n, d, s) = (dims.nodes, dims.embed(), dims.starts);
     let mut grads = Grads {
         query: vec![0.0; dims.rows() * d],
         glimpse_keys: vec![0.0; dims.instances * n * d],
@@ -346,37 +338,86 @@ pub(crate) fn backward(
         .zip(grads.glimpse_keys.par_chunks_mut(n * d))
         .zip(grads.glimpse_values.par_chunks_mut(n * d))
         .zip(grads.logit_keys.par_chunks_mut(n * d));
+    let from = BackIn {
+        x,
+        log_probs,
+        saved,
+        grad_out,
+    };
     per_instance
         .enumerate()
         .for_each(|(i, (((dq, dk), dv), dl))| {
-            let block = i * n * d..(i + 1) * n * d;
-            let mut scratch = BackScratch::new(dims);
-            let instance = InstanceBack {
-                values_t: &by_feature_block(x, dims, i)[2 * d * padded(n)..],
-                keys: &x.glimpse_keys[block.clone()],
-                logit_keys: &x.logit_keys[block],
-                query: &x.query[i * s * d..(i + 1) * s * d],
-                glimpse: &saved.glimpse[i * s * d..(i + 1) * s * d],
-            };
-            let mut row = 0;
-            while row < s {
-                let count = rows_in_block(s - row);
-                let r = (i * s + row)..(i * s + row + count);
-                let rows_saved = RowSaved {
-                    mask: &x.mask[r.start * n..r.end * n],
-                    log_probs: &log_probs[r.start * n..r.end * n],
-                    attention: &saved.attention[r.start * h * n..r.end * h * n],
-                    tanh: &saved.tanh[r.start * n..r.end * n],
-                    grad_out: &grad_out[r.start * n..r.end * n],
-                };
-                let query = &mut dq[row * d..(row + count) * d];
-                let rows = (row, &rows_saved, &instance);
-                backward_rows_dispatch(count, dims, scale, rows, query, &mut scratch);
-                row += count;
-            }
-            instance_grads_dispatch(dims, &instance, &scratch, (dk, dv, dl));
+            backward_instance_dispatch(dims, scale, (&from, i), (dq, dk, dv, dl));
         });
     grads
+}
+
+/// What the backward pass reads: the forward pass's inputs, outputs and saved values, and
+/// the gradient of its outputs.
+struct BackIn<'a> {
+    x: &'a Inputs<'a>,
+    log_probs: &'a [f32],
+    saved: &'a Saved,
+    grad_out: &'a [f32],
+}
+
+/// Instance `i`'s gradients `(query, keys, values, logit keys)`, each its own block.
+type InstanceGradsOut<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [f32], &'a mut [f32]);
+
+simd_dispatch! {
+    /// [`backward_instance`] in the best form the CPU allows.
+    fn backward_instance_dispatch => backward_instance(
+        dims: Dims,
+        scale: Scale,
+        from: (&BackIn, usize),
+        out: InstanceGradsOut,
+    )
+}
+
+/// Instance `i`'s rows, in blocks of up to [`MulAdd::ROW_BLOCK`], then the gradients of
+/// what its rows share.
+#[inline(always)]
+fn backward_instance<M: MulAdd>(
+    dims: Dims,
+    scale: Scale,
+    (from, i): (&BackIn, usize),
+    (dq, dk, dv, dl): InstanceGradsOut,
+) {
+    let (n, d, s, h) = (dims.nodes, dims.embed(), dims.starts, dims.heads);
+    let (x, saved) = (from.x, from.saved);
+    let block = i * n * d..(i + 1) * n * d;
+    let mut scratch = BackScratch::new(dims);
+    let instance = InstanceBack {
+        values_t: &by_feature_block(x, dims, i)[2 * d * padded(n)..],
+        keys: &x.glimpse_keys[block.clone()],
+        logit_keys: &x.logit_keys[block],
+        query: &x.query[i * s * d..(i + 1) * s * d],
+        glimpse: &saved.glimpse[i * s * d..(i + 1) * s * d],
+        attention: &saved.attention[i * s * h * n..(i + 1) * s * h * n],
+    };
+    let mut row = 0;
+    while row < s {
+        let count = rows_in_block::<M>(s - row);
+        let r = (i * s + row)..(i * s + row + count);
+        let rows_saved = RowSaved {
+            mask: &x.mask[r.start * n..r.end * n],
+            log_probs: &from.log_probs[r.start * n..r.end * n],
+            attention: &saved.attention[r.start * h * n..r.end * h * n],
+            tanh: &saved.tanh[r.start * n..r.end * n],
+            grad_out: &from.grad_out[r.start * n..r.end * n],
+        };
+        let query = &mut dq[row * d..(row + count) * d];
+        let rows = (row, &rows_saved, &instance);
+        let scratch = &mut scratch;
+        match count {
+            8 => backward_rows::<M, 8>(dims, scale, rows, query, scratch),
+            4 => backward_rows::<M, 4>(dims, scale, rows, query, scratch),
+            2 => backward_rows::<M, 2>(dims, scale, rows, query, scratch),
+            _ => backward_rows::<M, 1>(dims, scale, rows, query, scratch),
+        }
+        row += count;
+    }
+    instance_grads::<M>(dims, &instance, &scratch, (dk, dv, dl));
 }
 
 /// What a backward row reads of its instance.
@@ -391,22 +432,22 @@ struct InstanceBack<'a> {
     query: &'a [f32],
     /// `[S, d]` the instance's rows' glimpses.
     glimpse: &'a [f32],
+    /// `[S, H, N]` the instance's rows' attention weights.
+    attention: &'a [f32],
 }
 
 /// An instance's working memory in the backward pass.
 struct BackScratch {
-    /// `[ROW_BLOCK, Np]` the block's rows' attention, then compatibility, gradients for
-    /// one head.
+    /// `[MAX_ROW_BLOCK, Np]` the block's rows' attention gradients for one head.
     lanes: Vec<f32>,
+    /// `[Np]` one row's probabilities.
+    probs: Vec<f32>,
     /// `[S, d]` each row's glimpse gradient.
     d_glimpse: Vec<f32>,
-    /// `[N, S]` each row's logit gradients, node-major.
-    d_logits_t: Vec<f32>,
-    /// `[H, N, S]` each row's attention weights and compatibility gradients, node-major.
-    attention_t: Vec<f32>,
-    d_compat_t: Vec<f32>,
-    /// `[ROW_BLOCK, N]` the block's rows' logit gradients.
+    /// `[S, N]` each row's logit gradients.
     d_logits: Vec<f32>,
+    /// `[S, H, N]` each row's compatibility gradients.
+    d_compat: Vec<f32>,
 }
 
 impl BackScratch {
@@ -414,12 +455,11 @@ impl BackScratch {
         let (n, d, s, h) = (dims.nodes, dims.embed(), dims.starts, dims.heads);
         let np = padded(n);
         Self {
-            lanes: vec![0.0; ROW_BLOCK * np],
+            lanes: vec![0.0; MAX_ROW_BLOCK * np],
+            probs: vec![0.0; np],
             d_glimpse: vec![0.0; s * d],
-            d_logits_t: vec![0.0; n * s],
-            attention_t: vec![0.0; h * n * s],
-            d_compat_t: vec![0.0; h * n * s],
-            d_logits: vec![0.0; ROW_BLOCK * n],
+            d_logits: vec![0.0; s * n],
+            d_compat: vec![0.0; s * h * n],
         }
     }
 }
@@ -437,39 +477,9 @@ struct RowSaved<'a> {
 /// The first row's index within its instance, the rows' saved values, and their instance.
 type RowBack<'a> = (usize, &'a RowSaved<'a>, &'a InstanceBack<'a>);
 
-simd_dispatch! {
-    /// [`backward_rows`] for a block of `count` = [`ROW_BLOCK`], 2 or 1 rows, in the best
-    /// form the CPU allows.
-    fn backward_rows_dispatch => backward_block(
-        count: usize,
-        dims: Dims,
-        scale: Scale,
-        rows: RowBack,
-        d_query: &mut [f32],
-        scratch: &mut BackScratch,
-    )
-}
-
-/// [`backward_rows`] for a block of `count` rows, in the form `M`.
-#[inline(always)]
-fn backward_block<M: MulAdd>(
-    count: usize,
-    dims: Dims,
-    scale: Scale,
-    rows: RowBack,
-    d_query: &mut [f32],
-    scratch: &mut BackScratch,
-) {
-    match count {
-        ROW_BLOCK => backward_rows::<M, ROW_BLOCK>(dims, scale, rows, d_query, scratch),
-        2 => backward_rows::<M, 2>(dims, scale, rows, d_query, scratch),
-        _ => backward_rows::<M, 1>(dims, scale, rows, d_query, scratch),
-    }
-}
-
-/// `R` consecutive rows: their query gradients, and their columns of the instance's `*_t`
-/// buffers. Each head's attention gradients are one product of the `R` rows' glimpse
-/// gradients against the values (they share them); the rest goes row by row.
+/// `R` consecutive rows: their query gradients, and their rows of the instance's logit and
+/// compatibility gradients. Each head's attention gradients are one product of the `R`
+/// rows' glimpse gradients against the values (they share them); the rest goes row by row.
 #[inline(always)]
 fn backward_rows<M: MulAdd, const R: usize>(
     dims: Dims,
@@ -478,122 +488,102 @@ fn backward_rows<M: MulAdd, const R: usize>(
     d_query: &mut [f32],
     scratch: &mut BackScratch,
 ) {
-    let (n, h, dk, d, s) = (
-        dims.nodes,
-        dims.heads,
-        dims.head_dim,
-        dims.embed(),
-        dims.starts,
-    );
+    let (n, h, dk, d) = (dims.nodes, dims.heads, dims.head_dim, dims.embed());
     let np = padded(n);
     for r in 0..R {
-        logit_grads_row(dims, scale, (first + r, r, x), scratch);
+        logit_grads_row::<M>(dims, scale, (first + r, r, x), scratch);
     }
     let BackScratch {
         lanes,
         d_glimpse,
-        attention_t,
-        d_compat_t,
+        d_compat,
         d_logits,
         ..
     } = scratch;
     // logits = glimpse · logit_keys[node]: the rows' glimpse gradients in one product
     // against the logit keys they share.
-    let from_logits = RowsAt {
-        coef_stride: n,
-        count: n,
-        out_stride: d,
-    };
+    let from_logits = RowsAt::contiguous(n, n, d);
     let dg_rows = &mut d_glimpse[first * d..(first + R) * d];
-    weighted_sums::<M, R>(d_logits, instance.logit_keys, (d, d), from_logits, dg_rows);
-    let from_glimpse = RowsAt {
-        coef_stride: d,
-        count: dk,
-        out_stride: np,
-    };
+    let logit_keys = instance.logit_keys;
+    weighted_sums::<M, R>(
+        &d_logits[first * n..],
+        logit_keys,
+        (d, d),
+        from_logits,
+        dg_rows,
+    );
+    let from_glimpse = RowsAt::contiguous(d, dk, np);
     // Each head: glimpse_h = Σ a·v, a = softmax(q_h · k).
     for head in 0..h {
         // d_attention[node] = dg · v[node], for every node and row at once.
         let dg = &d_glimpse[first * d + head * dk..];
         let values = &instance.values_t[head * dk * np..];
         weighted_sums::<M, R>(dg, values, (np, np), from_glimpse, lanes);
-        let attention: [&[f32]; R] =
-            std::array::from_fn(|r| &x.attention[(r * h + head) * n..][..n]);
-        // Σ a·da for each row, in node order (the rows' chains are independent).
-        let weighted: [f32; R] = std::array::from_fn(|r| {
+        for r in 0..R {
+            let attention = &x.attention[(r * h + head) * n..][..n];
             let da = &lanes[r * np..][..n];
-            (attention[r].iter().zip(da)).fold(0.0, |w, (&a, &da)| w + a * da)
-        });
-        // d_compat = a·(da − Σ a·da), kept node-major: the block's rows are consecutive.
-        let columns = head * n * s..(head + 1) * n * s;
-        let attention_columns = attention_t[columns.clone()].chunks_exact_mut(s);
-        let compat_columns = d_compat_t[columns].chunks_exact_mut(s);
-        for (node, (a_column, c_column)) in attention_columns.zip(compat_columns).enumerate() {
-            let a: [f32; R] = std::array::from_fn(|r| attention[r][node]);
-            let d_compat: [f32; R] =
-                std::array::from_fn(|r| a[r] * (lanes[r * np + node] - weighted[r]));
-            for (r, &d_compat) in d_compat.iter().enumerate() {
-                lanes[r * np + node] = d_compat;
+            // Σ a·da, in node order.
+            let weighted = (attention.iter().zip(da)).fold(0.0, |w, (&a, &da)| w + a * da);
+            // d_compat = a·(da − Σ a·da).
+            let row_compat = &mut d_compat[((first + r) * h + head) * n..][..n];
+            for ((c, &a), &da) in row_compat.iter_mut().zip(attention).zip(da) {
+                *c = a * (da - weighted);
             }
-            a_column[first..first + R].copy_from_slice(&a);
-            c_column[first..first + R].copy_from_slice(&d_compat);
         }
         // The rows' query gradients (only this head writes these lanes): one product
         // of the block's rows against the keys they share.
         let keys = &instance.keys[head * dk..];
-        let from_compat = RowsAt {
-            coef_stride: np,
-            count: n,
-            out_stride: d,
-        };
-        weighted_sums::<M, R>(lanes, keys, (d, dk), from_compat, &mut d_query[head * dk..]);
+        let from_compat = RowsAt::contiguous(h * n, n, d);
+        let compat = &d_compat[(first * h + head) * n..];
+        weighted_sums::<M, R>(
+            compat,
+            keys,
+            (d, dk),
+            from_compat,
+            &mut d_query[head * dk..],
+        );
     }
 }
 
-/// One row's logit gradients, in its row of `d_logits` and node-major in `d_logits_t`:
-/// `(row within the instance, row within the block, the block)`.
+/// One row's logit gradients, in its row of `d_logits`: `(row within the instance, row
+/// within the block, the block)`.
 #[inline(always)]
-fn logit_grads_row(
+fn logit_grads_row<M: MulAdd>(
     dims: Dims,
     scale: Scale,
     (row, r, x): (usize, usize, &RowSaved),
     scratch: &mut BackScratch,
 ) {
-    let (n, s) = (dims.nodes, dims.starts);
+    let n = dims.nodes;
     let (mask, log_probs) = (&x.mask[r * n..][..n], &x.log_probs[r * n..][..n]);
     let (tanh, grad_out) = (&x.tanh[r * n..][..n], &x.grad_out[r * n..][..n]);
+    let probs = &mut scratch.probs;
+    probs[..n].copy_from_slice(log_probs);
+    probs[n..].fill(0.0);
+    for p in probs.chunks_exact_mut(8) {
+        M::exp8_unfused(p.try_into().expect("8 lanes"));
+    }
     // log_softmax: dz = g − p·Σg (the sum over every entry, as the composed form takes
     // it); masked entries get none. tanh clipping: dlogit = dz · C/T · (1 − tanh²).
     let total: f32 = grad_out.iter().sum();
     let slope = scale.tanh_clipping / scale.temperature;
-    for (node, d_logit) in scratch.d_logits[r * n..][..n].iter_mut().enumerate() {
+    let d_logits = &mut scratch.d_logits[row * n..][..n];
+    for (node, d_logit) in d_logits.iter_mut().enumerate() {
         *d_logit = if mask[node] != 0 {
             0.0
         } else {
-            let p = exp_lane(log_probs[node]);
             let t = tanh[node];
-            (grad_out[node] - p * total) * slope * (1.0 - t * t)
+            (grad_out[node] - probs[node] * total) * slope * (1.0 - t * t)
         };
-        scratch.d_logits_t[node * s + row] = *d_logit;
     }
 }
 
 /// The instance's key, value and logit-key gradients: `[N, H, dk]`, `[N, H, dk]`, `[N, d]`.
 type InstanceGrads<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [f32]);
 
-simd_dispatch! {
-    /// [`instance_grads`] in the best form the CPU allows.
-    fn instance_grads_dispatch => instance_grads(
-        dims: Dims,
-        instance: &InstanceBack,
-        scratch: &BackScratch,
-        out: InstanceGrads,
-    )
-}
-
-/// Sums over the instance's rows, [`ROW_BLOCK`] nodes at a time (they share the rows'
-/// glimpses, queries and glimpse gradients): logit keys from the logit gradients and
-/// glimpses, values from the attention weights and glimpse gradients, keys from the
+/// Sums over the instance's rows, [`MulAdd::ROW_BLOCK`] nodes at a time (they share the
+/// rows' glimpses, queries and glimpse gradients): logit keys from the logit gradients
+/// and glimpses, values from the attention weights and glimpse gradients, keys from the
 /// compatibility gradients and queries. Each output is written once, summed over the rows
 /// in row order (a zero coefficient adds an exact zero).
 #[inline(always)]
@@ -605,10 +595,11 @@ fn instance_grads<M: MulAdd>(
 ) {
     let mut node = 0;
     while node < dims.nodes {
-        let count = rows_in_block(dims.nodes - node);
+        let count = rows_in_block::<M>(dims.nodes - node);
         let out = (&mut *out.0, &mut *out.1, &mut *out.2);
         match count {
-            ROW_BLOCK => instance_grads_nodes::<M, ROW_BLOCK>(dims, instance, scratch, out, node),
+            8 => instance_grads_nodes::<M, 8>(dims, instance, scratch, out, node),
+            4 => instance_grads_nodes::<M, 4>(dims, instance, scratch, out, node),
             2 => instance_grads_nodes::<M, 2>(dims, instance, scratch, out, node),
             _ => instance_grads_nodes::<M, 1>(dims, instance, scratch, out, node),
         }
@@ -616,7 +607,8 @@ fn instance_grads<M: MulAdd>(
     }
 }
 
-/// [`instance_grads`] for nodes `first..first + R`.
+/// [`instance_grads`] for nodes `first..first + R`: each node's coefficients are a
+/// column of a `[S, ·]` table, read in place.
 #[inline(always)]
 fn instance_grads_nodes<M: MulAdd, const R: usize>(
     dims: Dims,
@@ -625,26 +617,39 @@ fn instance_grads_nodes<M: MulAdd, const R: usize>(
     (d_keys, d_values, d_logit_keys): InstanceGrads,
     first: usize,
 ) {
-    let (n, dk, d, s) = (dims.nodes, dims.head_dim, dims.embed(), dims.starts);
+    let (n, h, dk, d, s) = (
+        dims.nodes,
+        dims.heads,
+        dims.head_dim,
+        dims.embed(),
+        dims.starts,
+    );
     let at = first * d;
-    let over_rows = RowsAt {
-        coef_stride: s,
+    let over_rows = |row_length| RowsAt {
+        coef_stride: 1,
+        coef_step: row_length,
         count: s,
         out_stride: d,
     };
-    let d_logits = &scratch.d_logits_t[first * s..];
+    let d_logits = &scratch.d_logits[first..];
     let out = &mut d_logit_keys[at..];
-    weighted_sums::<M, R>(d_logits, instance.glimpse, (d, d), over_rows, out);
-    for head in 0..dims.heads {
-        let column = (head * n + first) * s;
+    weighted_sums::<M, R>(d_logits, instance.glimpse, (d, d), over_rows(n), out);
+    for head in 0..h {
+        let column = head * n + first;
         let out = at + head * dk;
         let d_glimpse = &scratch.d_glimpse[head * dk..];
-        let attention = &scratch.attention_t[column..];
+        let attention = &instance.attention[column..];
         let values_out = &mut d_values[out..];
-        weighted_sums::<M, R>(attention, d_glimpse, (d, dk), over_rows, values_out);
+        weighted_sums::<M, R>(attention, d_glimpse, (d, dk), over_rows(h * n), values_out);
         let query = &instance.query[head * dk..];
-        let d_compat = &scratch.d_compat_t[column..];
-        weighted_sums::<M, R>(d_compat, query, (d, dk), over_rows, &mut d_keys[out..]);
+        let d_compat = &scratch.d_compat[column..];
+        weighted_sums::<M, R>(
+            d_compat,
+            query,
+            (d, dk),
+            over_rows(h * n),
+            &mut d_keys[out..],
+        );
     }
 }
 #[cfg(test)]
@@ -696,9 +701,24 @@ mod tests {
             mask: &mask,
         };
         let scale = Scale::new(10.0, 1.0);
-        let (log_probs, saved) = forward(dims, scale, &inputs);
         let grad_out: Vec<f32> = (0..rows * n).map(|_| next()).collect();
-        let grads = backward(dims, scale, &inputs, &log_probs, &saved, &grad_out);
-        assert!(grads.glimpse_keys.iter().all(|g| g.is_finite()));
+        // ROUTEBURN_STEP_REPEATS=K runs the step K times and prints each pass's mean time.
+        let repeats = std::env::var("ROUTEBURN_STEP_REPEATS").map_or(1, |k| k.parse().unwrap());
+        let (mut forward_time, mut backward_time) = (0.0, 0.0);
+        for _ in 0..repeats {
+            let clock = std::time::Instant::now();
+            let (log_probs, saved) = forward(dims, scale, &inputs);
+            forward_time += clock.elapsed().as_secs_f64();
+            let clock = std::time::Instant::now();
+            let grads = backward(dims, scale, &inputs, &log_probs, &saved, &grad_out);
+            backward_time += clock.elapsed().as_secs_f64();
+            assert!(grads.glimpse_keys.iter().all(|g| g.is_finite()));
+        }
+        let ms = |t: f64| 1e3 * t / repeats as f64;
+        println!(
+            "forward {:.3} ms, backward {:.3} ms",
+            ms(forward_time),
+            ms(backward_time)
+        );
     }
 }

@@ -125,11 +125,7 @@ fn forward_instance<M: MulAdd>(dims: Dims, qkv: &[f32], io: ForwardOut, s: &mut 
         if let Some(w) = weights.as_deref_mut() {
             w[head * n * np..][..n * np].copy_from_slice(&s.attention);
         }
-        let by_weight = RowsAt {
-            coef_stride: np,
-            count: n,
-            out_stride: d,
-        };
+        let by_weight = RowsAt::contiguous(np, n, d);
         let values = &qkv[2 * d + head * dk..];
         let out = &mut out[head * dk..];
         weighted_sums_all::<M>(n, &s.attention, values, (3 * d, dk), by_weight, out);
@@ -143,11 +139,7 @@ fn attention_weights<M: MulAdd>(dims: Dims, qkv: &[f32], head: usize, s: &mut Sc
     let (n, d, dk) = (dims.nodes, dims.embed(), dims.head_dim);
     let np = padded(n);
     by_feature(&qkv[d + head * dk..], 3 * d, (n, dk), &mut s.keys_t);
-    let by_query = RowsAt {
-        coef_stride: 3 * d,
-        count: dk,
-        out_stride: np,
-    };
+    let by_query = RowsAt::contiguous(3 * d, dk, np);
     let queries = &qkv[head * dk..];
     weighted_sums_all::<M>(n, queries, &s.keys_t, (np, np), by_query, &mut s.attention);
     let root = dims.root();
@@ -223,11 +215,7 @@ fn backward_instance<M: MulAdd>(dims: Dims, io: BackwardIo, s: &mut Scratch) {
     for head in 0..dims.heads {
         let attention = &weights[head * n * np..][..n * np]; // [N, Np]
         by_feature(&qkv[2 * d + head * dk..], 3 * d, (n, dk), &mut s.values_t);
-        let by_gradient = RowsAt {
-            coef_stride: d,
-            count: dk,
-            out_stride: np,
-        };
+        let by_gradient = RowsAt::contiguous(d, dk, np);
         let g = &grad_out[head * dk..];
         weighted_sums_all::<M>(n, g, &s.values_t, (np, np), by_gradient, &mut s.d_scores);
         for (ds, a) in s
@@ -243,11 +231,7 @@ fn backward_instance<M: MulAdd>(dims: Dims, io: BackwardIo, s: &mut Scratch) {
                 *x = w * (*x - dot) / root;
             }
         }
-        let over_nodes = RowsAt {
-            coef_stride: np,
-            count: n,
-            out_stride: 3 * d,
-        };
+        let over_nodes = RowsAt::contiguous(np, n, 3 * d);
         let keys = &qkv[d + head * dk..];
         let d_queries = &mut grad[head * dk..];
         weighted_sums_all::<M>(n, &s.d_scores, keys, (3 * d, dk), over_nodes, d_queries);
