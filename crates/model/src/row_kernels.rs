@@ -162,6 +162,13 @@ pub(crate) trait Lanes: Copy {
     fn mul_add(self, c: f32, sum: Self) -> Self;
     /// Writes the lanes to `out[..LANES]`.
     fn store(self, out: &mut [f32]);
+    /// Lanes `..count` from `at`, zeros beyond (`count ≤ LANES`).
+    ///
+    /// # Safety
+    /// `at..at + count` must be readable.
+    unsafe fn load_first(at: *const f32, count: usize) -> Self;
+    /// Writes lanes `..count` to `out[..count]` (`count ≤ LANES`).
+    fn store_first(self, out: &mut [f32], count: usize);
 }
 
 /// Lanes in an array, multiplied and added apart (the [`Plain`] form).
@@ -190,6 +197,23 @@ impl<const L: usize> Lanes for PlainLanes<L> {
     #[inline(always)]
     fn store(self, out: &mut [f32]) {
         out[..L].copy_from_slice(&self.0);
+    }
+
+    #[inline(always)]
+    unsafe fn load_first(at: *const f32, count: usize) -> Self {
+        // SAFETY: the caller guarantees `at..at + count` is readable.
+        Self(std::array::from_fn(|lane| {
+            if lane < count {
+                unsafe { *at.add(lane) }
+            } else {
+                0.0
+            }
+        }))
+    }
+
+    #[inline(always)]
+    fn store_first(self, out: &mut [f32], count: usize) {
+        out[..count].copy_from_slice(&self.0[..count]);
     }
 }
 
@@ -227,6 +251,22 @@ impl Lanes for Avx2Lanes {
         let out = &mut out[..8];
         // SAFETY: `out` holds the 8 floats; AVX as above.
         unsafe { std::arch::x86_64::_mm256_storeu_ps(out.as_mut_ptr(), self.0) }
+    }
+
+    #[inline(always)]
+    unsafe fn load_first(at: *const f32, count: usize) -> Self {
+        let mut lanes = [0.0f32; 8];
+        // SAFETY: the caller guarantees `at..at + count` is readable, and count ≤ 8.
+        unsafe { std::ptr::copy_nonoverlapping(at, lanes.as_mut_ptr(), count) };
+        // SAFETY: `lanes` holds the 8 floats.
+        unsafe { Self::load(lanes.as_ptr()) }
+    }
+
+    #[inline(always)]
+    fn store_first(self, out: &mut [f32], count: usize) {
+        let mut lanes = [0.0f32; 8];
+        self.store(&mut lanes);
+        out[..count].copy_from_slice(&lanes[..count]);
     }
 }
 
@@ -277,6 +317,47 @@ impl Lanes for Avx512Lanes {
         // SAFETY: `out` holds the 16 floats; AVX-512 as above.
         unsafe { store16_avx512(out.as_mut_ptr(), self.0) }
     }
+
+    #[inline(always)]
+    unsafe fn load_first(at: *const f32, count: usize) -> Self {
+        // SAFETY: lanes past `count` are masked off, so neither read nor a fault; AVX-512
+        // as above.
+        Self(unsafe { load16_first_avx512(at, first_lanes(count)) })
+    }
+
+    #[inline(always)]
+    fn store_first(self, out: &mut [f32], count: usize) {
+        let out = &mut out[..count];
+        // SAFETY: `out` holds the `count` floats written; AVX-512 as above.
+        unsafe { store16_first_avx512(out.as_mut_ptr(), first_lanes(count), self.0) }
+    }
+}
+
+/// The mask of lanes `..count` of 16.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn first_lanes(count: usize) -> u16 {
+    (((1u32 << count) - 1) & 0xFFFF) as u16
+}
+
+/// # Safety
+/// The lanes of `mask` from `at` must be readable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load16_first_avx512(at: *const f32, mask: u16) -> std::arch::x86_64::__m512 {
+    // SAFETY: the caller guarantees the masked lanes.
+    unsafe { std::arch::x86_64::_mm512_maskz_loadu_ps(mask, at) }
+}
+
+/// # Safety
+/// The lanes of `mask` from `at` must be writable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn store16_first_avx512(at: *mut f32, mask: u16, x: std::arch::x86_64::__m512) {
+    // SAFETY: the caller guarantees the masked lanes.
+    unsafe { std::arch::x86_64::_mm512_mask_storeu_ps(at, mask, x) }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -367,15 +448,16 @@ impl RowsAt {
     }
 }
 
-/// `R` rows' weighted sums over the same `rows`: row r's `out[..width] = Σ_k coefs[k] ·
-/// rows[k·stride ..][..width]`. Each output is summed in k order whatever `R` is, so
-/// blocking rows, or the vectors' width, changes no result. The sums stay in registers,
-/// three vectors of `R` rows at a time (4 × 3 sums, 3 keys and a coefficient fill AVX2's
-/// 16 registers), four for a single row: 16-lane vectors first under [`Wide`], then
-/// 8-lane ones; lanes past a multiple of 8 are summed one by one. Dense: the
-/// backward's coefficients are zero at masked nodes, but a branch per coefficient on the
-/// mask's pattern cost more than the multiply-adds it saved (and adding `x · 0` leaves a
-/// sum exactly as it was).
+/// `R` rows' weighted sums over the same `rows`: row r's `out[..width] = Σ_k c(r, k) ·
+/// rows[k·stride ..][..width]`, with c(r, k) where `at` says. Each output is summed in k
+/// order whatever `R` is, so blocking rows, or the vectors' width, changes no result. The
+/// sums stay in registers, three vectors of `R` ≤ 4 rows at a time (4 × 3 sums, 3 keys
+/// and a coefficient fill AVX2's 16 registers), two of 8 rows, four of a single row.
+/// Under [`Wide`] every lane is in 16-lane vectors, the last one partial (masked loads
+/// and stores); otherwise in 8-lane vectors, and lanes past a multiple of 8 one by one.
+/// Dense: the backward's coefficients are zero at masked nodes, but a branch per
+/// coefficient on the mask's pattern cost more than the multiply-adds it saved (and
+/// adding `x · 0` leaves a sum exactly as it was).
 #[inline(always)]
 pub(crate) fn weighted_sums<M: MulAdd, const R: usize>(
     coefs: &[f32],
@@ -384,11 +466,14 @@ pub(crate) fn weighted_sums<M: MulAdd, const R: usize>(
     at: RowsAt,
     out: &mut [f32],
 ) {
-    let mut start = 0;
     if M::WIDE {
-        start = weighted_vectors::<M::Sum16, R>(coefs, rows, stride, (start, width), at, out);
+        // Every lane in 16-lane vectors, the last one partial: a masked load costs what a
+        // whole one does, where an 8-lane loop after the 16-lane one had half the sums in
+        // flight.
+        weighted_vectors::<M::Sum16, R, true>(coefs, rows, (stride, width), at, out);
+        return;
     }
-    let start = weighted_vectors::<M::Sum8, R>(coefs, rows, stride, (start, width), at, out);
+    let start = weighted_vectors::<M::Sum8, R, false>(coefs, rows, (stride, width), at, out);
     for r in 0..R {
         for lane in start..width {
             out[r * at.out_stride + lane] = (0..at.count).fold(0.0, |acc, k| {
@@ -398,63 +483,88 @@ pub(crate) fn weighted_sums<M: MulAdd, const R: usize>(
     }
 }
 
-/// [`weighted_sums`] over the whole `L`-lane vectors of lanes `start..end`, in blocks;
-/// returns where they end.
+/// [`weighted_sums`] over the `LANES`-lane vectors of lanes `..width`, in blocks: whole
+/// vectors only, or (`PARTIAL`) with the last one partial too; returns where they end.
 #[inline(always)]
-fn weighted_vectors<V: Lanes, const R: usize>(
+fn weighted_vectors<V: Lanes, const R: usize, const PARTIAL: bool>(
     coefs: &[f32],
     rows: &[f32],
-    stride: usize,
-    (mut start, end): (usize, usize),
+    (stride, width): (usize, usize),
     at: RowsAt,
     out: &mut [f32],
 ) -> usize {
-    let vectors = (end - start) / V::LANES;
+    let vectors = if PARTIAL {
+        width.div_ceil(V::LANES)
+    } else {
+        width / V::LANES
+    };
     // A row alone has the registers for four vectors of sums at a time, eight rows for two.
     let per_block = match R {
         1 => 4,
         8 => 2,
         _ => 3,
     };
+    let mut start = 0;
+    // The lanes of a block's last vector.
+    let last_lanes =
+        |start: usize, vectors: usize| (width - start - (vectors - 1) * V::LANES).min(V::LANES);
     for _ in 0..vectors / per_block {
+        let block = (start, last_lanes(start, per_block));
         match per_block {
-            4 => weighted_rows_block::<V, R, 4>(coefs, rows, stride, start, at, out),
-            3 => weighted_rows_block::<V, R, 3>(coefs, rows, stride, start, at, out),
-            _ => weighted_rows_block::<V, R, 2>(coefs, rows, stride, start, at, out),
+            4 => weighted_rows_block::<V, R, 4>(coefs, rows, stride, block, at, out),
+            3 => weighted_rows_block::<V, R, 3>(coefs, rows, stride, block, at, out),
+            _ => weighted_rows_block::<V, R, 2>(coefs, rows, stride, block, at, out),
         }
         start += V::LANES * per_block;
     }
-    match vectors % per_block {
-        3 => weighted_rows_block::<V, R, 3>(coefs, rows, stride, start, at, out),
-        2 => weighted_rows_block::<V, R, 2>(coefs, rows, stride, start, at, out),
-        1 => weighted_rows_block::<V, R, 1>(coefs, rows, stride, start, at, out),
-        _ => {}
+    let left = vectors % per_block;
+    if left > 0 {
+        let block = (start, last_lanes(start, left));
+        match left {
+            3 => weighted_rows_block::<V, R, 3>(coefs, rows, stride, block, at, out),
+            2 => weighted_rows_block::<V, R, 2>(coefs, rows, stride, block, at, out),
+            _ => weighted_rows_block::<V, R, 1>(coefs, rows, stride, block, at, out),
+        }
     }
-    start + V::LANES * (vectors % per_block)
+    if PARTIAL {
+        width
+    } else {
+        vectors * V::LANES
+    }
 }
 
+/// `B` vectors of lanes from `start` for `R` rows, the last vector's first `last_lanes`
+/// only.
 #[inline(always)]
 fn weighted_rows_block<V: Lanes, const R: usize, const B: usize>(
     coefs: &[f32],
     rows: &[f32],
     stride: usize,
-    start: usize,
+    (start, last_lanes): (usize, usize),
     at: RowsAt,
     out: &mut [f32],
 ) {
     let mut acc = [[V::zero(); B]; R];
+    let lanes = (B - 1) * V::LANES + last_lanes;
     if let Some(last) = at.count.checked_sub(1) {
         // One bounds check each for every key row and coefficient the loop reads.
         assert!(
-            last * stride + start + V::LANES * B <= rows.len(),
+            last * stride + start + lanes <= rows.len(),
             "rows too short"
         );
         assert!(at.coef(R - 1, last) < coefs.len(), "coefficients too short");
         let mut row = rows[start..].as_ptr();
         for k in 0..at.count {
-            // SAFETY: row k starts at rows[k·stride + start] and is read up to LANES·B
-            // floats on, within `rows` by the assertion above.
-            let x: [V; B] = std::array::from_fn(|b| unsafe { V::load(row.add(b * V::LANES)) });
+            // SAFETY: row k starts at rows[k·stride + start] and is read `lanes` floats
+            // on, within `rows` by the assertion above.
+            let x: [V; B] = std::array::from_fn(|b| unsafe {
+                let at = row.add(b * V::LANES);
+                if b + 1 < B || last_lanes == V::LANES {
+                    V::load(at)
+                } else {
+                    V::load_first(at, last_lanes)
+                }
+            });
             for (r, acc) in acc.iter_mut().enumerate() {
                 // SAFETY: r < R and k < count: within `coefs` (asserted).
                 let c = unsafe { *coefs.get_unchecked(at.coef(r, k)) };
@@ -467,7 +577,12 @@ fn weighted_rows_block<V: Lanes, const R: usize, const B: usize>(
     }
     for (r, acc) in acc.iter().enumerate() {
         for (b, acc) in acc.iter().enumerate() {
-            acc.store(&mut out[r * at.out_stride + start + b * V::LANES..]);
+            let out = &mut out[r * at.out_stride + start + b * V::LANES..];
+            if b + 1 < B || last_lanes == V::LANES {
+                acc.store(out);
+            } else {
+                acc.store_first(out, last_lanes);
+            }
         }
     }
 }
