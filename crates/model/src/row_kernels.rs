@@ -320,6 +320,10 @@ impl Lanes for Avx512Lanes {
 
     #[inline(always)]
     unsafe fn load_first(at: *const f32, count: usize) -> Self {
+        if count == 8 {
+            // SAFETY: the caller guarantees the 8 floats; AVX-512 as above.
+            return Self(unsafe { load16_first8_avx512(at) });
+        }
         // SAFETY: lanes past `count` are masked off, so neither read nor a fault; AVX-512
         // as above.
         Self(unsafe { load16_first_avx512(at, first_lanes(count)) })
@@ -328,9 +332,38 @@ impl Lanes for Avx512Lanes {
     #[inline(always)]
     fn store_first(self, out: &mut [f32], count: usize) {
         let out = &mut out[..count];
+        // Eight lanes (any padded width's tail) by a plain 8-lane store: a load of what a
+        // masked store wrote waits until the store has left for the cache, where a plain
+        // store's lanes are forwarded to it.
+        if count == 8 {
+            // SAFETY: `out` holds the 8 floats; AVX-512 as above.
+            return unsafe { store16_first8_avx512(out.as_mut_ptr(), self.0) };
+        }
         // SAFETY: `out` holds the `count` floats written; AVX-512 as above.
         unsafe { store16_first_avx512(out.as_mut_ptr(), first_lanes(count), self.0) }
     }
+}
+
+/// # Safety
+/// `at..at + 8` must be readable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load16_first8_avx512(at: *const f32) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller guarantees the 8 floats.
+    _mm512_zextps256_ps512(unsafe { _mm256_loadu_ps(at) })
+}
+
+/// # Safety
+/// `at..at + 8` must be writable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn store16_first8_avx512(at: *mut f32, x: std::arch::x86_64::__m512) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller guarantees the 8 floats.
+    unsafe { _mm256_storeu_ps(at, _mm512_castps512_ps256(x)) }
 }
 
 /// The mask of lanes `..count` of 16.
@@ -855,8 +888,51 @@ pub(crate) fn kept_exp_sum<M: MulAdd>(values: &mut [f32], max: f32, keep: &[f32]
 pub(crate) fn masked_softmax<M: MulAdd>(values: &mut [f32], keep: &[f32]) {
     let max = kept_max::<M>(values, keep);
     let inverse = 1.0 / kept_exp_sum::<M>(values, max, keep);
-    for v in values.iter_mut() {
-        *v *= inverse;
+    // In whole 8-lane chunks: over a slice of unknown length LLVM left the loop scalar.
+    for chunk in values.chunks_exact_mut(8) {
+        for v in chunk {
+            *v *= inverse;
+        }
+    }
+}
+
+/// [`masked_softmax`] of `R` rows of padded lanes (`values` and `keep`: `[R, Np]`), each
+/// row's first `n` weights written to `out[r·out_stride ..][..n]`: the same numbers, in
+/// three passes over the rows (maxima, then exponentials and sums, then weights), so that
+/// each pass's rows are independent chains rather than one row's serial reductions after
+/// another.
+#[inline(always)]
+pub(crate) fn masked_softmax_rows<M: MulAdd, const R: usize>(
+    (values, keep): (&mut [f32], &[f32]),
+    np: usize,
+    out: &mut [f32],
+    (n, out_stride): (usize, usize),
+) {
+    // Loops, not `array::from_fn`: its closure is a function of its own, compiled
+    // without the caller's AVX2, into which the AVX2 exponential cannot be inlined.
+    let mut max = [0.0f32; R];
+    for (r, max) in max.iter_mut().enumerate() {
+        *max = kept_max::<M>(&values[r * np..][..np], &keep[r * np..][..np]);
+    }
+    let mut inverse = [0.0f32; R];
+    for (r, inverse) in inverse.iter_mut().enumerate() {
+        let row = &mut values[r * np..][..np];
+        *inverse = 1.0 / kept_exp_sum::<M>(row, max[r], &keep[r * np..][..np]);
+    }
+    for (r, inverse) in inverse.iter().enumerate() {
+        let row_out = &mut out[r * out_stride..][..n];
+        // Whole 8-lane chunks, then lane by lane: LLVM would end the loop in masked
+        // stores, and the next product's loads of them wait until they reach the cache.
+        let mut chunks = row_out.chunks_exact_mut(8);
+        let mut row = values[r * np..][..n].chunks_exact(8);
+        for (o, v) in (&mut chunks).zip(&mut row) {
+            for (o, &v) in o.iter_mut().zip(v) {
+                *o = v * inverse;
+            }
+        }
+        for (o, &v) in chunks.into_remainder().iter_mut().zip(row.remainder()) {
+            *o = v * inverse;
+        }
     }
 }
 

@@ -24,8 +24,8 @@
 use rayon::prelude::*;
 
 use crate::row_kernels::{
-    head_weighted_sums, heads_fit, kept_exp_sum, kept_max, masked_softmax, padded, rows_in_block,
-    simd_dispatch, weighted_sums, MulAdd, RowsAt, MAX_ROW_BLOCK,
+    head_weighted_sums, heads_fit, kept_exp_sum, kept_max, masked_softmax_rows, padded,
+    rows_in_block, simd_dispatch, weighted_sums, MulAdd, RowsAt, MAX_ROW_BLOCK,
 };
 
 /// Sizes of one step.
@@ -241,12 +241,8 @@ fn forward_rows<M: MulAdd, const R: usize>(
     for head in 0..h {
         let keys = &instance.keys_t[head * dk * np..];
         weighted_sums::<M, R>(&query[head * dk..], keys, (np, np), lane_rows(dk), lanes);
-        for r in 0..R {
-            let row_lanes = &mut lanes[r * np..(r + 1) * np];
-            masked_softmax::<M>(row_lanes, &keep[r * np..(r + 1) * np]);
-            let a = (r * h + head) * n;
-            out.attention[a..a + n].copy_from_slice(&row_lanes[..n]);
-        }
+        let attention = &mut out.attention[head * n..];
+        masked_softmax_rows::<M, R>((lanes, keep), np, attention, (n, h * n));
         if heads_together {
             continue;
         }
