@@ -45,12 +45,8 @@ struct Scratch {
     values_t: Vec<f32>,
     /// `[N, Np]` scores, then attention weights.
     attention: Vec<f32>,
-    /// `[N, N]` the weights by node: node j's weights from every row (backward).
-    attention_t: Vec<f32>,
     /// `[N, Np]` the weights' gradients, then the scores' (backward).
     d_scores: Vec<f32>,
-    /// `[N, N]` the scores' gradients by node (backward).
-    d_scores_t: Vec<f32>,
     /// `[Np]` 1 at nodes, 0 at padding.
     keep: Vec<f32>,
 }
@@ -65,9 +61,7 @@ impl Scratch {
             keys_t: vec![0.0; dk * np],
             values_t: vec![0.0; dk * np],
             attention: vec![0.0; n * np],
-            attention_t: vec![0.0; n * n],
             d_scores: vec![0.0; n * np],
-            d_scores_t: vec![0.0; n * n],
             keep,
         }
     }
@@ -162,15 +156,6 @@ fn by_feature(rows: &[f32], stride: usize, (n, width): (usize, usize), out: &mut
     }
 }
 
-/// `out[j·n + i] = square[i·stride + j]` for i, j < n.
-fn transposed(square: &[f32], stride: usize, n: usize, out: &mut [f32]) {
-    for i in 0..n {
-        for (j, &x) in square[i * stride..][..n].iter().enumerate() {
-            out[j * n + i] = x;
-        }
-    }
-}
-
 /// The gradient of `qkv` `[B, N, 3d]` from the output's, `grad_out` `[B, N, d]`, and the
 /// attention weights the forward kept.
 pub(crate) fn backward(dims: Dims, qkv: &[f32], weights: &[f32], grad_out: &[f32]) -> Vec<f32> {
@@ -235,17 +220,17 @@ fn backward_instance<M: MulAdd>(dims: Dims, io: BackwardIo, s: &mut Scratch) {
         let keys = &qkv[d + head * dk..];
         let d_queries = &mut grad[head * dk..];
         weighted_sums_all::<M>(n, &s.d_scores, keys, (3 * d, dk), over_nodes, d_queries);
-        transposed(&s.d_scores, np, n, &mut s.d_scores_t);
-        transposed(attention, np, n, &mut s.attention_t);
+        // Node j's coefficients are column j of the `[N, Np]` tables, read in place.
         let over_rows = RowsAt {
-            coef_stride: n,
+            coef_stride: 1,
+            coef_step: np,
             ..over_nodes
         };
         let queries = &qkv[head * dk..];
         let d_keys = &mut grad[d + head * dk..];
-        weighted_sums_all::<M>(n, &s.d_scores_t, queries, (3 * d, dk), over_rows, d_keys);
+        weighted_sums_all::<M>(n, &s.d_scores, queries, (3 * d, dk), over_rows, d_keys);
         let d_values = &mut grad[2 * d + head * dk..];
         let g = (&grad_out[head * dk..], (d, dk));
-        weighted_sums_all::<M>(n, &s.attention_t, g.0, g.1, over_rows, d_values);
+        weighted_sums_all::<M>(n, attention, g.0, g.1, over_rows, d_values);
     }
 }
