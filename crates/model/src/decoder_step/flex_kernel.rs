@@ -16,10 +16,11 @@
 //! per instance (greedy decoding), and doubled the step's memory traffic.
 //!
 //! An instance's rows (its POMO starts) go through the products in blocks of
-//! [`ROW_BLOCK`]: alone, a row keeps two or three vectors of sums in flight and each
-//! multiply-add waits on the one before; four rows share every key vector loaded and keep
-//! twelve. Each output is still summed in the same order, so the block size changes no
-//! number.
+//! [`MulAdd::ROW_BLOCK`] (4 under AVX2, 8 under AVX-512): alone, a row keeps two or three
+//! vectors of sums in flight and each multiply-add waits on the one before; a block's rows
+//! share every key vector loaded and keep 12 (AVX2) or 16 (AVX-512). Each output is still
+//! summed in the same order, so the block size changes no number. The forms are picked
+//! per instance ([`simd_dispatch`]).
 
 use rayon::prelude::*;
 
@@ -309,10 +310,12 @@ fn clipped(t: f32, scale: Scale) -> f32 {
 
 /// Gradients of every float input from the gradient of the log-probabilities.
 ///
-/// Per instance, rows in blocks of [`ROW_BLOCK`]: each row computes its own query
-/// gradient and keeps, transposed to `[·, N, S]`, what the instance's key, value and
-/// logit-key gradients need; those are then summed over the rows in registers, a block of
-/// nodes at a time, and written once per node (no read-modify-write per row), in row order.
+/// Per instance, rows in blocks of [`MulAdd::ROW_BLOCK`]: each row computes its own query
+/// gradient and keeps, in `[S, ·]` tables, the logit and compatibility gradients the
+/// instance's key, value and logit-key gradients need; those are then summed over the
+/// rows in registers, a block of nodes at a time (each node's coefficients a column of
+/// the tables, read in place), and written once per node (no read-modify-write per row),
+/// in row order.
 pub(crate) fn backward(
     dims: Dims,
     scale: Scale,
