@@ -117,6 +117,19 @@ fn by_feature_block<'a>(x: &Inputs<'a>, dims: Dims, instance: usize) -> &'a [f32
 
 /// Log-probabilities `[R, N]` (−∞ at masked nodes) and what the backward pass needs.
 pub(crate) fn forward(dims: Dims, scale: Scale, x: &Inputs) -> (Vec<f32>, Saved) {
+    forward_with(dims, scale, x, forward_instance_dispatch)
+}
+
+/// One instance's forward pass: [`forward_instance`] in some form.
+type ForwardInstance = fn(Dims, Scale, (&Inputs, usize), RowsOut);
+
+/// [`forward`] with each instance's rows in `instance_kernel` (the tests pick each form).
+fn forward_with(
+    dims: Dims,
+    scale: Scale,
+    x: &Inputs,
+    instance_kernel: ForwardInstance,
+) -> (Vec<f32>, Saved) {
     let (n, h, d, s) = (dims.nodes, dims.heads, dims.embed(), dims.starts);
     let rows = dims.rows();
     let mut log_probs = vec![0.0f32; rows * n];
@@ -139,7 +152,7 @@ pub(crate) fn forward(dims: Dims, scale: Scale, x: &Inputs) -> (Vec<f32>, Saved)
                 glimpse,
                 tanh,
             };
-            forward_instance_dispatch(dims, scale, (x, i), out);
+            instance_kernel(dims, scale, (x, i), out);
         });
     (log_probs, saved)
 }
@@ -324,6 +337,25 @@ pub(crate) fn backward(
     saved: &Saved,
     grad_out: &[f32],
 ) -> Grads {
+    let from = BackIn {
+        x,
+        log_probs,
+        saved,
+        grad_out,
+    };
+    backward_with(dims, scale, &from, backward_instance_dispatch)
+}
+
+/// One instance's backward pass: [`backward_instance`] in some form.
+type BackwardInstance = fn(Dims, Scale, (&BackIn, usize), InstanceGradsOut);
+
+/// [`backward`] with each instance in `instance_kernel` (the tests pick each form).
+fn backward_with(
+    dims: Dims,
+    scale: Scale,
+    from: &BackIn,
+    instance_kernel: BackwardInstance,
+) -> Grads {
     let (n, d, s) = (dims.nodes, dims.embed(), dims.starts);
     let mut grads = Grads {
         query: vec![0.0; dims.rows() * d],
@@ -337,16 +369,10 @@ pub(crate) fn backward(
         .zip(grads.glimpse_keys.par_chunks_mut(n * d))
         .zip(grads.glimpse_values.par_chunks_mut(n * d))
         .zip(grads.logit_keys.par_chunks_mut(n * d));
-    let from = BackIn {
-        x,
-        log_probs,
-        saved,
-        grad_out,
-    };
     per_instance
         .enumerate()
         .for_each(|(i, (((dq, dk), dv), dl))| {
-            backward_instance_dispatch(dims, scale, (&from, i), (dq, dk, dv, dl));
+            instance_kernel(dims, scale, (from, i), (dq, dk, dv, dl));
         });
     grads
 }
@@ -654,6 +680,145 @@ fn instance_grads_nodes<M: MulAdd, const R: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::row_kernels::Plain;
+    #[cfg(target_arch = "x86_64")]
+    use crate::row_kernels::{has_avx2_fma, has_avx512, Fused, Wide};
+
+    /// A step's inputs and output gradient, drawn from a fixed linear congruential stream;
+    /// every third node of the flattened `[R, N]` mask is masked.
+    struct StepData {
+        dims: Dims,
+        query: Vec<f32>,
+        keys: Vec<f32>,
+        values: Vec<f32>,
+        logit_keys: Vec<f32>,
+        by_feature: Vec<f32>,
+        mask: Vec<u8>,
+        grad_out: Vec<f32>,
+    }
+
+    impl StepData {
+        fn new(dims: Dims) -> Self {
+            let (rows, n, d, b) = (dims.rows(), dims.nodes, dims.embed(), dims.instances);
+            let mut state = 12345u32;
+            let mut next = move || {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (state >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            };
+            let query: Vec<f32> = (0..rows * d).map(|_| next()).collect();
+            let keys: Vec<f32> = (0..b * n * d).map(|_| next() * 0.25).collect();
+            let values: Vec<f32> = (0..b * n * d).map(|_| next()).collect();
+            let logit_keys: Vec<f32> = (0..b * n * d).map(|_| next() * 0.1).collect();
+            let mask: Vec<u8> = (0..rows * n).map(|i| u8::from(i % 3 == 1)).collect();
+            // [B, 3d, Np]: each instance's three [N, d] blocks, by feature.
+            let np = padded(n);
+            let mut by_feature = vec![0.0f32; b * 3 * d * np];
+            for (i, out) in by_feature.chunks_exact_mut(3 * d * np).enumerate() {
+                for (part, source) in [&keys, &logit_keys, &values].into_iter().enumerate() {
+                    for node in 0..n {
+                        for f in 0..d {
+                            out[(part * d + f) * np + node] = source[(i * n + node) * d + f];
+                        }
+                    }
+                }
+            }
+            let grad_out = (0..rows * n).map(|_| next()).collect();
+            Self {
+                dims,
+                query,
+                keys,
+                values,
+                logit_keys,
+                by_feature,
+                mask,
+                grad_out,
+            }
+        }
+
+        fn inputs(&self) -> Inputs<'_> {
+            Inputs {
+                query: &self.query,
+                glimpse_keys: &self.keys,
+                glimpse_values: &self.values,
+                logit_keys: &self.logit_keys,
+                by_feature: &self.by_feature,
+                mask: &self.mask,
+            }
+        }
+
+        /// The forward and backward pass with each instance in the given kernels: the
+        /// log-probabilities, then every saved value and gradient, in one list.
+        fn run(&self, kernels: (ForwardInstance, BackwardInstance)) -> Vec<(&str, Vec<f32>)> {
+            let (dims, scale, x) = (self.dims, Scale::new(10.0, 1.0), self.inputs());
+            let (log_probs, saved) = forward_with(dims, scale, &x, kernels.0);
+            let from = BackIn {
+                x: &x,
+                log_probs: &log_probs,
+                saved: &saved,
+                grad_out: &self.grad_out,
+            };
+            let grads = backward_with(dims, scale, &from, kernels.1);
+            vec![
+                ("attention", saved.attention),
+                ("glimpse", saved.glimpse),
+                ("tanh", saved.tanh),
+                ("log_probs", log_probs),
+                ("d_query", grads.query),
+                ("d_keys", grads.glimpse_keys),
+                ("d_values", grads.glimpse_values),
+                ("d_logit_keys", grads.logit_keys),
+            ]
+        }
+    }
+
+    /// Each form of the kernels run whole, forward and backward: under AVX-512 (`Wide`:
+    /// 8-row blocks, 16-lane sums, masked tails) the AVX2 numbers (`Fused`: 4-row blocks,
+    /// 8-lane sums) bit for bit, and without either (`Plain`, products and sums rounded
+    /// apart) the same to within rounding. Row counts that leave blocks of 8, 4, 2 and 1,
+    /// and one row per instance (the heads summed together); node counts whose padded
+    /// width is one 16-lane vector, one and a half, or less.
+    #[test]
+    fn every_form_gives_the_same_numbers() {
+        for (instances, starts, nodes) in
+            [(3, 20, 21), (2, 7, 11), (3, 1, 21), (2, 15, 16), (2, 3, 5)]
+        {
+            let dims = Dims {
+                instances,
+                starts,
+                nodes,
+                heads: 8,
+                head_dim: 16,
+            };
+            let data = StepData::new(dims);
+            let plain = data.run((forward_instance::<Plain>, backward_instance::<Plain>));
+            #[cfg(target_arch = "x86_64")]
+            {
+                if !has_avx2_fma() {
+                    eprintln!("skipped: this CPU has no AVX2 and FMA");
+                    return;
+                }
+                let fused = data.run((forward_instance::<Fused>, backward_instance::<Fused>));
+                for ((name, want), (_, got)) in fused.iter().zip(&plain) {
+                    for (i, (&w, &g)) in want.iter().zip(got).enumerate() {
+                        let close = w == g || (w - g).abs() <= 1e-4 * w.abs().max(1.0);
+                        assert!(close, "{dims:?}: plain {name}[{i}] {g} against {w}");
+                    }
+                }
+                if !has_avx512() {
+                    eprintln!("Wide not checked: this CPU has no AVX-512 F and VL");
+                    continue;
+                }
+                let wide = data.run((forward_instance::<Wide>, backward_instance::<Wide>));
+                for ((name, want), (_, got)) in fused.iter().zip(&wide) {
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert!(
+                        bits(want) == bits(got),
+                        "{dims:?}: {name} differs under AVX-512"
+                    );
+                }
+            }
+        }
+    }
 
     /// One POMO-sized step (64 instances × 20 starts, 21 nodes, d = 128, 8 heads), forward
     /// and backward, for counting instructions:
@@ -668,39 +833,8 @@ mod tests {
             heads: 8,
             head_dim: 16,
         };
-        let (rows, n, d) = (dims.rows(), dims.nodes, dims.embed());
-        let mut state = 12345u32;
-        let mut next = move || {
-            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (state >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-        };
-        let query: Vec<f32> = (0..rows * d).map(|_| next()).collect();
-        let keys: Vec<f32> = (0..dims.instances * n * d).map(|_| next() * 0.25).collect();
-        let values: Vec<f32> = (0..dims.instances * n * d).map(|_| next()).collect();
-        let logit_keys: Vec<f32> = (0..dims.instances * n * d).map(|_| next() * 0.1).collect();
-        let mask: Vec<u8> = (0..rows * n).map(|i| u8::from(i % 3 == 1)).collect();
-        // [B, 3d, Np]: each instance's three [N, d] blocks, by feature.
-        let np = padded(n);
-        let mut by_feature = vec![0.0f32; dims.instances * 3 * d * np];
-        for (i, out) in by_feature.chunks_exact_mut(3 * d * np).enumerate() {
-            for (part, source) in [&keys, &logit_keys, &values].into_iter().enumerate() {
-                for node in 0..n {
-                    for f in 0..d {
-                        out[(part * d + f) * np + node] = source[(i * n + node) * d + f];
-                    }
-                }
-            }
-        }
-        let inputs = Inputs {
-            query: &query,
-            glimpse_keys: &keys,
-            glimpse_values: &values,
-            logit_keys: &logit_keys,
-            by_feature: &by_feature,
-            mask: &mask,
-        };
-        let scale = Scale::new(10.0, 1.0);
-        let grad_out: Vec<f32> = (0..rows * n).map(|_| next()).collect();
+        let data = StepData::new(dims);
+        let (inputs, scale) = (data.inputs(), Scale::new(10.0, 1.0));
         // ROUTEBURN_STEP_REPEATS=K runs the step K times and prints each pass's mean time.
         let repeats = std::env::var("ROUTEBURN_STEP_REPEATS").map_or(1, |k| k.parse().unwrap());
         let (mut forward_time, mut backward_time) = (0.0, 0.0);
@@ -709,7 +843,7 @@ mod tests {
             let (log_probs, saved) = forward(dims, scale, &inputs);
             forward_time += clock.elapsed().as_secs_f64();
             let clock = std::time::Instant::now();
-            let grads = backward(dims, scale, &inputs, &log_probs, &saved, &grad_out);
+            let grads = backward(dims, scale, &inputs, &log_probs, &saved, &data.grad_out);
             backward_time += clock.elapsed().as_secs_f64();
             assert!(grads.glimpse_keys.iter().all(|g| g.is_finite()));
         }
