@@ -1004,6 +1004,49 @@ pub(crate) fn tensor(
     )
 }
 
+/// A kernel's outputs from one run, each with its name.
+#[cfg(test)]
+pub(crate) type NamedOutputs = Vec<(&'static str, Vec<f32>)>;
+
+/// Runs a kernel in each form this CPU can run and checks the forms against each other:
+/// [`Wide`] must give [`Fused`]'s numbers bit for bit, and [`Plain`] (products and sums
+/// rounded apart) the same to 1e-4 relative. A machine picks one form at run time, so
+/// without this a test there checks only that one.
+#[cfg(test)]
+pub(crate) fn assert_forms_agree(
+    context: &str,
+    plain: impl FnOnce() -> NamedOutputs,
+    fused: impl FnOnce() -> NamedOutputs,
+    wide: impl FnOnce() -> NamedOutputs,
+) {
+    #[cfg(target_arch = "x86_64")]
+    let (can_fuse, can_widen) = (has_avx2_fma(), has_avx512());
+    #[cfg(not(target_arch = "x86_64"))]
+    let (can_fuse, can_widen) = (false, false);
+    if !can_fuse {
+        eprintln!("skipped: this CPU has no AVX2 and FMA");
+        return;
+    }
+    let fused = fused();
+    for ((name, want), (_, got)) in fused.iter().zip(&plain()) {
+        for (i, (&w, &g)) in want.iter().zip(got).enumerate() {
+            let close = w == g || (w - g).abs() <= 1e-4 * w.abs().max(1.0);
+            assert!(close, "{context}: plain {name}[{i}] {g} against {w}");
+        }
+    }
+    if !can_widen {
+        eprintln!("Wide not checked: this CPU has no AVX-512 F and VL");
+        return;
+    }
+    for ((name, want), (_, got)) in fused.iter().zip(&wide()) {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(
+            bits(want) == bits(got),
+            "{context}: {name} differs under AVX-512"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

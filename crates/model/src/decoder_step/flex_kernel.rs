@@ -680,9 +680,7 @@ fn instance_grads_nodes<M: MulAdd, const R: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::row_kernels::Plain;
-    #[cfg(target_arch = "x86_64")]
-    use crate::row_kernels::{has_avx2_fma, has_avx512, Fused, Wide};
+    use crate::row_kernels::{assert_forms_agree, Fused, NamedOutputs, Plain, Wide};
 
     /// A step's inputs and output gradient, drawn from a fixed linear congruential stream;
     /// every third node of the flattened `[R, N]` mask is masked.
@@ -748,7 +746,7 @@ mod tests {
 
         /// The forward and backward pass with each instance in the given kernels: the
         /// log-probabilities, then every saved value and gradient, in one list.
-        fn run(&self, kernels: (ForwardInstance, BackwardInstance)) -> Vec<(&str, Vec<f32>)> {
+        fn run(&self, kernels: (ForwardInstance, BackwardInstance)) -> NamedOutputs {
             let (dims, scale, x) = (self.dims, Scale::new(10.0, 1.0), self.inputs());
             let (log_probs, saved) = forward_with(dims, scale, &x, kernels.0);
             let from = BackIn {
@@ -771,12 +769,11 @@ mod tests {
         }
     }
 
-    /// Each form of the kernels run whole, forward and backward: under AVX-512 (`Wide`:
-    /// 8-row blocks, 16-lane sums, masked tails) the AVX2 numbers (`Fused`: 4-row blocks,
-    /// 8-lane sums) bit for bit, and without either (`Plain`, products and sums rounded
-    /// apart) the same to within rounding. Row counts that leave blocks of 8, 4, 2 and 1,
-    /// and one row per instance (the heads summed together); node counts whose padded
-    /// width is one 16-lane vector, one and a half, or less.
+    /// Each form of the kernels run whole, forward and backward ([`assert_forms_agree`]):
+    /// `Wide` has 8-row blocks and 16-lane sums, `Fused` 4-row blocks and 8-lane sums. Row
+    /// counts that leave blocks of 8, 4, 2 and 1, and one row per instance (the heads
+    /// summed together); node counts whose padded width is one 16-lane vector, one and a
+    /// half, or less.
     #[test]
     fn every_form_gives_the_same_numbers() {
         for (instances, starts, nodes) in
@@ -790,33 +787,12 @@ mod tests {
                 head_dim: 16,
             };
             let data = StepData::new(dims);
-            let plain = data.run((forward_instance::<Plain>, backward_instance::<Plain>));
-            #[cfg(target_arch = "x86_64")]
-            {
-                if !has_avx2_fma() {
-                    eprintln!("skipped: this CPU has no AVX2 and FMA");
-                    return;
-                }
-                let fused = data.run((forward_instance::<Fused>, backward_instance::<Fused>));
-                for ((name, want), (_, got)) in fused.iter().zip(&plain) {
-                    for (i, (&w, &g)) in want.iter().zip(got).enumerate() {
-                        let close = w == g || (w - g).abs() <= 1e-4 * w.abs().max(1.0);
-                        assert!(close, "{dims:?}: plain {name}[{i}] {g} against {w}");
-                    }
-                }
-                if !has_avx512() {
-                    eprintln!("Wide not checked: this CPU has no AVX-512 F and VL");
-                    continue;
-                }
-                let wide = data.run((forward_instance::<Wide>, backward_instance::<Wide>));
-                for ((name, want), (_, got)) in fused.iter().zip(&wide) {
-                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert!(
-                        bits(want) == bits(got),
-                        "{dims:?}: {name} differs under AVX-512"
-                    );
-                }
-            }
+            assert_forms_agree(
+                &format!("{dims:?}"),
+                || data.run((forward_instance::<Plain>, backward_instance::<Plain>)),
+                || data.run((forward_instance::<Fused>, backward_instance::<Fused>)),
+                || data.run((forward_instance::<Wide>, backward_instance::<Wide>)),
+            );
         }
     }
 

@@ -234,3 +234,63 @@ fn backward_instance<M: MulAdd>(dims: Dims, io: BackwardIo, s: &mut Scratch) {
         weighted_sums_all::<M>(n, attention, g.0, g.1, over_rows, d_values);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::row_kernels::{assert_forms_agree, Fused, NamedOutputs, Plain, Wide};
+
+    /// `instances` instances' output, kept weights and `qkv` gradient, each instance
+    /// through the form `M`'s kernels in turn.
+    fn run<M: MulAdd>(dims: Dims, qkv: &[f32], grad_out: &[f32]) -> NamedOutputs {
+        let (n, d) = (dims.nodes, dims.embed());
+        let instances = qkv.len() / (n * 3 * d);
+        let per_weights = weights_len(dims, 1);
+        let mut scratch = Scratch::new(dims);
+        let mut out = vec![0.0f32; instances * n * d];
+        let mut weights = vec![0.0f32; weights_len(dims, instances)];
+        let mut grad = vec![0.0f32; qkv.len()];
+        for i in 0..instances {
+            let qkv = &qkv[i * n * 3 * d..][..n * 3 * d];
+            let w = &mut weights[i * per_weights..][..per_weights];
+            let io = (&mut out[i * n * d..][..n * d], Some(w));
+            forward_instance::<M>(dims, qkv, io, &mut scratch);
+        }
+        for i in 0..instances {
+            let qkv_i = &qkv[i * n * 3 * d..][..n * 3 * d];
+            let w = &weights[i * per_weights..][..per_weights];
+            let g = &grad_out[i * n * d..][..n * d];
+            let grad_i = &mut grad[i * n * 3 * d..][..n * 3 * d];
+            backward_instance::<M>(dims, (qkv_i, w, g, grad_i), &mut scratch);
+        }
+        vec![("out", out), ("weights", weights), ("d_qkv", grad)]
+    }
+
+    /// The encoder attention's kernels in each form ([`assert_forms_agree`]), at node
+    /// counts whose rows fill 4- and 8-row blocks and leave 2 and 1, and whose padded
+    /// width is less than, one, or one and a half 16-lane vectors; heads of 16 and of 8.
+    #[test]
+    fn every_form_gives_the_same_numbers() {
+        for (nodes, heads, head_dim) in [(21, 8, 16), (11, 8, 16), (16, 8, 16), (5, 4, 8)] {
+            let dims = Dims {
+                nodes,
+                heads,
+                head_dim,
+            };
+            let (instances, d) = (3, heads * head_dim);
+            let mut state = 777u32;
+            let mut next = move || {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (state >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            };
+            let qkv: Vec<f32> = (0..instances * nodes * 3 * d).map(|_| next()).collect();
+            let grad_out: Vec<f32> = (0..instances * nodes * d).map(|_| next()).collect();
+            assert_forms_agree(
+                &format!("{dims:?}"),
+                || run::<Plain>(dims, &qkv, &grad_out),
+                || run::<Fused>(dims, &qkv, &grad_out),
+                || run::<Wide>(dims, &qkv, &grad_out),
+            );
+        }
+    }
+}
