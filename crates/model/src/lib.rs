@@ -13,6 +13,7 @@ pub mod cuda_driver;
 pub mod decode;
 pub mod decoder_step;
 pub mod encoder;
+pub mod graph_capture;
 mod linear;
 mod mask_kernel;
 mod normalization;

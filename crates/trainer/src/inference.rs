@@ -238,26 +238,10 @@ pub(crate) fn solve_batch(
     rng: &mut InstanceRng,
     device: &Device,
 ) -> Result<Vec<Solved>, TrainError> {
-    let variants = if strategy.augment8 { 8 } else { 1 };
-    let copies = strategy.samples.max(1);
-    let per_instance = variants * copies;
-    let expanded = expand(instances, variants, copies, normalize)?;
-    let batch = Batch::from_instances(&expanded).map_err(|e| TrainError::Input(e.to_string()))?;
-    let options = if strategy.samples > 0 {
-        DecodeOptions::sample(1.0)
-    } else {
-        DecodeOptions::greedy()
-    }
-    .with_multi_start(strategy.multi_start)
-    .with_check_every(check_every);
-    let rows = if strategy.multi_start { batch.n } else { 1 };
-    let noise = (strategy.samples > 0).then_some((
-        NoiseShape {
-            rows_per_instance: rows,
-        },
-        rng,
-    ));
-    let problem = DeviceBatch::upload(&batch, noise, device);
+    let per_instance = (if strategy.augment8 { 8 } else { 1 }) * strategy.samples.max(1);
+    let (batch, problem, options) =
+        upload_batch(instances, strategy, normalize, check_every, rng, device)?;
+    let rows = options.rows_per_instance(batch.n);
     let chunk = decode_chunk(device, batch.n + 1);
     let parts = decode_in_chunks(model, &problem, 0..batch.size, &options, chunk);
     let (actions, steps) = join_rows(download_ints(parts));
@@ -281,6 +265,37 @@ pub(crate) fn solve_batch(
         solved.push(Solved { solution, cost });
     }
     Ok(solved)
+}
+
+/// The decode `strategy` asks for, of `instances` (all of one n) expanded into their
+/// symmetries and sample copies: the host batch, the same on `device`, and the options.
+pub(crate) fn upload_batch(
+    instances: &[&Instance],
+    strategy: Strategy,
+    normalize: bool,
+    check_every: usize,
+    rng: &mut InstanceRng,
+    device: &Device,
+) -> Result<(Batch, DeviceBatch, DecodeOptions), TrainError> {
+    let variants = if strategy.augment8 { 8 } else { 1 };
+    let copies = strategy.samples.max(1);
+    let expanded = expand(instances, variants, copies, normalize)?;
+    let batch = Batch::from_instances(&expanded).map_err(|e| TrainError::Input(e.to_string()))?;
+    let options = if strategy.samples > 0 {
+        DecodeOptions::sample(1.0)
+    } else {
+        DecodeOptions::greedy()
+    }
+    .with_multi_start(strategy.multi_start)
+    .with_check_every(check_every);
+    let noise = (strategy.samples > 0).then_some((
+        NoiseShape {
+            rows_per_instance: options.rows_per_instance(batch.n),
+        },
+        rng,
+    ));
+    let problem = DeviceBatch::upload(&batch, noise, device);
+    Ok((batch, problem, options))
 }
 
 /// Each instance's `variants` symmetries (unit square first when `normalize`), each

@@ -275,6 +275,42 @@ fn train_eval_solve_check() {
         assert_eq!(std::fs::read_to_string(&csv).unwrap().lines().count(), 129);
     }
 
+    // The device-graph probe: flex has no device graphs, so it decodes eagerly, says why
+    // nothing was recorded, and exits 0; a sampled decode is refused by name.
+    let probe = |strategy: &str| {
+        routeburn()
+            .args([
+                "eval",
+                "--graph-probe",
+                "--strategy",
+                strategy,
+                "--checkpoint",
+            ])
+            .arg(&run)
+            .arg("--data")
+            .arg(data().join("validation/cvrp10.jsonl"))
+            .output()
+            .unwrap()
+    };
+    let out = probe("multistart");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("128 instances of n = 10, multistart: 1280 rows"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("device graph   not recorded: opening the capture"),
+        "{stdout}"
+    );
+    let out = probe("sample:2");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--graph-probe decodes greedily"),
+        "{stderr}"
+    );
+
     let sols = dir.join("sols");
     let instances = ["P/P-n16-k8", "A/A-n32-k5"];
     let out = routeburn()

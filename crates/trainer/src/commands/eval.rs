@@ -6,11 +6,12 @@ use std::time::Instant;
 
 use clap::Args;
 use routeburn_data::{read_jsonl, read_sol, read_vrp, Instance, InstanceRng};
-use routeburn_model::Backend;
+use routeburn_model::{graph_capture, Backend};
+use statrs::statistics::{Data, Median};
 
 use crate::error::TrainError;
 use crate::evaluate::mean;
-use crate::inference::{solve_batch, Solved, Strategy, TrainedModel};
+use crate::inference::{solve_batch, upload_batch, Solved, Strategy, TrainedModel};
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
@@ -36,6 +37,11 @@ pub struct EvalArgs {
     /// Seed of the sampling noise.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// A developer's probe of device graphs (CUDA graphs): decode the first batch eagerly
+    /// and as a recorded graph, replay it, print whether it replays on the device, both
+    /// times and whether their tours agree, and exit without evaluating.
+    #[arg(long)]
+    pub graph_probe: bool,
 }
 
 /// An instance to evaluate and the cost it is measured against.
@@ -106,6 +112,9 @@ pub(crate) fn run(args: EvalArgs) -> Result<ExitCode, TrainError> {
     let trained = TrainedModel::load(&args.checkpoint, &device)?;
     trained.announce();
     let (items, normalize) = load_items(&args.data)?;
+    if args.graph_probe {
+        return graph_probe(&args, &trained, &items, normalize, (backend, &device));
+    }
     let start = Instant::now();
     let results = solve_all(&args, &trained, &items, normalize, &device)?;
     let seconds = start.elapsed().as_secs_f64();
@@ -180,6 +189,69 @@ fn solve_all(
         .into_iter()
         .map(|r| r.expect("every instance solved"))
         .collect())
+}
+
+/// Runs of each kind in `--graph-probe`.
+const PROBE_RUNS: usize = 3;
+
+/// `--graph-probe`: the first `--max-rows` rows' worth of the first instance size, decoded
+/// eagerly and replayed as a device graph ([`graph_capture::probe`]). Exit status 1 when a
+/// replay's tours differ from the eager decode's.
+fn graph_probe(
+    args: &EvalArgs,
+    trained: &TrainedModel,
+    items: &[EvalItem],
+    normalize: bool,
+    (backend, device): (Backend, &burn::tensor::Device),
+) -> Result<ExitCode, TrainError> {
+    if args.strategy.samples > 0 {
+        return Err(TrainError::Input(format!(
+            "--graph-probe decodes greedily (greedy, multistart, aug8); got --strategy {}",
+            args.strategy
+        )));
+    }
+    let n = items[0].instance.n();
+    let rows_each = (if args.strategy.augment8 { 8 } else { 1 })
+        * (if args.strategy.multi_start { n } else { 1 });
+    let instances: Vec<&Instance> = (items.iter().map(|it| &it.instance))
+        .filter(|inst| inst.n() == n)
+        .take((args.max_rows / rows_each).max(1))
+        .collect();
+    let check_every = trained.config.training.decode_check_every;
+    let mut rng = InstanceRng::new(args.seed);
+    let (_, problem, options) = upload_batch(
+        &instances,
+        args.strategy,
+        normalize,
+        check_every,
+        &mut rng,
+        device,
+    )?;
+    let found = graph_capture::probe(&trained.model, &problem, &options, PROBE_RUNS);
+    let rows = instances.len() * rows_each;
+    println!(
+        "graph probe    {backend}, {} instances of n = {n}, {}: {rows} rows",
+        instances.len(),
+        args.strategy
+    );
+    let eager = Data::new(found.eager_seconds.clone()).median();
+    println!("eager decode   {eager:.4} s (median of {PROBE_RUNS}, tours read back)");
+    if let Some(why) = &found.refused {
+        println!("device graph   not recorded: {why}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let replay = Data::new(found.replay_seconds.clone()).median();
+    let same = found.replay_seconds.len() - found.replays_differing;
+    println!(
+        "device graph   replay {replay:.4} s (median of {PROBE_RUNS}), {:.1}x the eager decode; tours as the eager decode's in {same} of {} replays",
+        eager / replay,
+        found.replay_seconds.len()
+    );
+    Ok(if found.replays_differing == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// The per-instance CSV of `--out`.
