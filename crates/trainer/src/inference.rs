@@ -72,6 +72,15 @@ impl FromStr for Strategy {
     }
 }
 
+impl Strategy {
+    /// Decoder rows an instance of `n` customers takes: symmetries × samples × starts.
+    pub(crate) fn rows_per_instance(&self, n: usize) -> usize {
+        (if self.augment8 { 8 } else { 1 })
+            * self.samples.max(1)
+            * (if self.multi_start { n } else { 1 })
+    }
+}
+
 impl std::fmt::Display for Strategy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut parts = vec![];

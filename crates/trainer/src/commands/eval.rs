@@ -164,9 +164,7 @@ fn solve_all(
     }
     let mut results = vec![None; items.len()];
     for (n, idx) in by_n {
-        let rows_each = (if args.strategy.augment8 { 8 } else { 1 })
-            * args.strategy.samples.max(1)
-            * (if args.strategy.multi_start { n } else { 1 });
+        let rows_each = args.strategy.rows_per_instance(n);
         let chunk = (args.max_rows / rows_each).max(1);
         for part in idx.chunks(chunk) {
             let instances: Vec<&Instance> = part.iter().map(|&i| &items[i].instance).collect();
@@ -211,8 +209,7 @@ fn graph_probe(
         )));
     }
     let n = items[0].instance.n();
-    let rows_each = (if args.strategy.augment8 { 8 } else { 1 })
-        * (if args.strategy.multi_start { n } else { 1 });
+    let rows_each = args.strategy.rows_per_instance(n);
     let instances: Vec<&Instance> = (items.iter().map(|it| &it.instance))
         .filter(|inst| inst.n() == n)
         .take((args.max_rows / rows_each).max(1))
