@@ -247,7 +247,6 @@ pub(crate) fn solve_batch(
     rng: &mut InstanceRng,
     device: &Device,
 ) -> Result<Vec<Solved>, TrainError> {
-    let per_instance = (if strategy.augment8 { 8 } else { 1 }) * strategy.samples.max(1);
     let (batch, problem, options) =
         upload_batch(instances, strategy, normalize, check_every, rng, device)?;
     let rows = options.rows_per_instance(batch.n);
@@ -256,7 +255,7 @@ pub(crate) fn solve_batch(
     let (actions, steps) = join_rows(download_ints(parts));
     // Validated against the (transformed) batch: feasibility does not depend on coordinates.
     let row_costs = validated_costs(&batch, &actions, steps, rows)?;
-    let rows_per_original = per_instance * rows;
+    let rows_per_original = strategy.rows_per_instance(batch.n);
     let mut solved = Vec::with_capacity(instances.len());
     for (i, inst) in instances.iter().enumerate() {
         let range = i * rows_per_original..(i + 1) * rows_per_original;

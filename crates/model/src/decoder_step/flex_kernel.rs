@@ -681,9 +681,10 @@ fn instance_grads_nodes<M: MulAdd, const R: usize>(
 mod tests {
     use super::*;
     use crate::row_kernels::{assert_forms_agree, Fused, NamedOutputs, Plain, Wide};
+    use crate::test_values::pseudo_random;
 
-    /// A step's inputs and output gradient, drawn from a fixed linear congruential stream;
-    /// every third node of the flattened `[R, N]` mask is masked.
+    /// A step's inputs and output gradient, fixed pseudo-random values; every third node
+    /// of the flattened `[R, N]` mask is masked.
     struct StepData {
         dims: Dims,
         query: Vec<f32>,
@@ -698,15 +699,10 @@ mod tests {
     impl StepData {
         fn new(dims: Dims) -> Self {
             let (rows, n, d, b) = (dims.rows(), dims.nodes, dims.embed(), dims.instances);
-            let mut state = 12345u32;
-            let mut next = move || {
-                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (state >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-            };
-            let query: Vec<f32> = (0..rows * d).map(|_| next()).collect();
-            let keys: Vec<f32> = (0..b * n * d).map(|_| next() * 0.25).collect();
-            let values: Vec<f32> = (0..b * n * d).map(|_| next()).collect();
-            let logit_keys: Vec<f32> = (0..b * n * d).map(|_| next() * 0.1).collect();
+            let query = pseudo_random(rows * d, 1, 0.5);
+            let keys = pseudo_random(b * n * d, 2, 0.125);
+            let values = pseudo_random(b * n * d, 3, 0.5);
+            let logit_keys = pseudo_random(b * n * d, 4, 0.05);
             let mask: Vec<u8> = (0..rows * n).map(|i| u8::from(i % 3 == 1)).collect();
             // [B, 3d, Np]: each instance's three [N, d] blocks, by feature.
             let np = padded(n);
@@ -720,7 +716,7 @@ mod tests {
                     }
                 }
             }
-            let grad_out = (0..rows * n).map(|_| next()).collect();
+            let grad_out = pseudo_random(rows * n, 5, 0.5);
             Self {
                 dims,
                 query,

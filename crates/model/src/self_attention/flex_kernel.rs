@@ -239,6 +239,7 @@ fn backward_instance<M: MulAdd>(dims: Dims, io: BackwardIo, s: &mut Scratch) {
 mod tests {
     use super::*;
     use crate::row_kernels::{assert_forms_agree, Fused, NamedOutputs, Plain, Wide};
+    use crate::test_values::pseudo_random;
 
     /// `instances` instances' output, kept weights and `qkv` gradient, each instance
     /// through the form `M`'s kernels in turn.
@@ -278,13 +279,8 @@ mod tests {
                 head_dim,
             };
             let (instances, d) = (3, heads * head_dim);
-            let mut state = 777u32;
-            let mut next = move || {
-                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (state >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-            };
-            let qkv: Vec<f32> = (0..instances * nodes * 3 * d).map(|_| next()).collect();
-            let grad_out: Vec<f32> = (0..instances * nodes * d).map(|_| next()).collect();
+            let qkv = pseudo_random(instances * nodes * 3 * d, 7, 0.5);
+            let grad_out = pseudo_random(instances * nodes * d, 8, 0.5);
             assert_forms_agree(
                 &format!("{dims:?}"),
                 || run::<Plain>(dims, &qkv, &grad_out),
