@@ -88,6 +88,13 @@ fn work_dir(root: &Path) -> PathBuf {
     root.join("target/cuda-build")
 }
 
+const ARCHIVE: &str = "routeburn-cuda-linux-x64.tar.xz";
+
+/// Where `build-cuda` leaves its archive.
+pub(crate) fn bundle_archive(root: &Path) -> PathBuf {
+    work_dir(root).join(ARCHIVE)
+}
+
 /// `cargo`, in the root, with the LLVM install the bundler looks for, cudarc's CUDA
 /// version and the bundle's target directory.
 fn cargo_with_llvm(root: &Path) -> Result<Command, String> {
@@ -107,11 +114,11 @@ fn cargo_with_llvm(root: &Path) -> Result<Command, String> {
     Ok(cargo)
 }
 
-fn io(path: &Path) -> impl Fn(std::io::Error) -> String + '_ {
+pub(crate) fn io(path: &Path) -> impl Fn(std::io::Error) -> String + '_ {
     move |e| format!("{}: {e}", path.display())
 }
 
-fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
+pub(crate) fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
     let status = cmd.status().map_err(|e| format!("{what}: {e}"))?;
     if status.success() {
         Ok(())
@@ -178,7 +185,7 @@ fn pack(root: &Path, binary: &Path, work: &Path) -> Result<PathBuf, String> {
         "strip",
     )?;
     std::fs::copy(root.join("scripts/gpu-check"), dir.join("gpu-check")).map_err(io(&dir))?;
-    let archive = work.join("routeburn-cuda-linux-x64.tar.xz");
+    let archive = work.join(ARCHIVE);
     run(
         Command::new("tar")
             .arg("-cJf")

@@ -3,6 +3,8 @@
 //! - `cargo xtask test`: the test suite (`cargo test --workspace`).
 //! - `cargo xtask ci`: what `.ci/run` runs (fmt, clippy, tests, CUDA type-check).
 //! - `cargo xtask build-cuda`: the CUDA build as a bundle (see `build_cuda.rs`).
+//! - `cargo xtask gpu-carry`: the bundle and rl4co's wheels in `.gpu/`, for a lent GPU
+//!   machine (see `gpu_carry.rs` and `scripts/on-gpu`).
 //! - `cargo xtask test-cpu [filter]`: the CubeCL kernels' tests on CubeCL's CPU runtime,
 //!   in `build-cuda`'s environment (see `build_cuda.rs`).
 //! - `cargo xtask bench [criterion args]`: every bench, on every CPU backend, then one
@@ -15,6 +17,7 @@
 //!   trains the embedded default config.
 
 mod build_cuda;
+mod gpu_carry;
 
 use std::process::{Command, ExitCode};
 
@@ -47,6 +50,16 @@ fn main() -> ExitCode {
                 false
             }
         },
+        "gpu-carry" => match gpu_carry::gpu_carry(&root()) {
+            Ok(carry) => {
+                println!("{}", carry.display());
+                true
+            }
+            Err(e) => {
+                eprintln!("xtask gpu-carry: {e}");
+                false
+            }
+        },
         "test-cpu" => match build_cuda::test_cpu(&root(), rest) {
             Ok(()) => true,
             Err(e) => {
@@ -75,6 +88,8 @@ tasks:
   ci                   run what CI runs: fmt, clippy, tests, CUDA type-check
   build-cuda           routeburn with CUDA (and the CPU backends), built offline but for the
                        package registries, packed with gpu-check; prints the archive's path
+  gpu-carry            the bundle and rl4co's wheels in .gpu/, for a lent GPU machine
+                       (scripts/on-gpu runs gpu-check there); prints the folder
   test-cpu [filter]    the CubeCL kernels' tests on CubeCL's CPU runtime, built like build-cuda
   bench [args]         run every criterion bench on every CPU backend, print one table
   compare-backends     same seed, config and weights on every backend: time, memory, agreement

@@ -635,6 +635,35 @@ fn eval_checkpoint(checkpoint: &Path, data: &Path) -> std::process::Output {
         .unwrap()
 }
 
+/// The `tour` column of `eval --out`'s CSV, one action list per instance.
+fn csv_tours(csv: &Path) -> Vec<Vec<u32>> {
+    let text = std::fs::read_to_string(csv).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let column = header
+        .iter()
+        .position(|&c| c == "tour")
+        .expect("a tour column");
+    lines
+        .map(|line| {
+            let cell = line.split(',').nth(column).unwrap();
+            cell.split(' ').map(|a| a.parse().unwrap()).collect()
+        })
+        .collect()
+}
+
+/// The `actions` of each line of a JSONL file of tours (Kool's and rl4co's decodes).
+fn jsonl_actions(path: &Path) -> Vec<Vec<u32>> {
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines()
+        .map(|line| {
+            let value: serde_json::Value = serde_json::from_str(line).unwrap();
+            let actions = value["actions"].as_array().unwrap();
+            actions.iter().map(|a| a.as_u64().unwrap() as u32).collect()
+        })
+        .collect()
+}
+
 /// `routeburn import CHECKPOINT --out RUN`.
 fn import_to(checkpoint: &Path, run: &Path) -> std::process::Output {
     routeburn()
@@ -663,9 +692,35 @@ fn kool_checkpoint_import_eval_solve_init_from() {
         );
         out
     };
-    let direct = eval(&pt);
+    let csv = dir.join("k20.csv");
+    let direct = routeburn()
+        .args(["eval", "--checkpoint"])
+        .arg(&pt)
+        .arg("--data")
+        .arg(&val)
+        .arg("--out")
+        .arg(&csv)
+        .output()
+        .unwrap();
+    assert!(
+        direct.status.success(),
+        "{}",
+        String::from_utf8_lossy(&direct.stderr)
+    );
     // Kool's own greedy decode of this set: 4.92% (data/kool-pretrained).
     assert_eq!(stdout_value(&direct, "mean gap"), "4.921%");
+    // --out's tours are his code's tours, but for at most 1% of rounding-decided ties
+    // (the import tests' allowance).
+    let ours = csv_tours(&csv);
+    let kool =
+        jsonl_actions(&data().join("kool-pretrained/cvrp_20/greedy-validation-cvrp20.jsonl"));
+    assert_eq!(ours.len(), kool.len());
+    let same = ours.iter().zip(&kool).filter(|(a, b)| a == b).count();
+    assert!(
+        same * 100 >= 99 * kool.len(),
+        "{same} of {} tours are Kool's",
+        kool.len()
+    );
 
     let run = dir.join("k20");
     let out = import_to(&pt, &run);

@@ -26,7 +26,8 @@ pub struct EvalArgs {
     /// greedy, sample:K, multistart, aug8, multistart+aug8, sample:K+aug8.
     #[arg(long, default_value = "greedy", value_parser = super::parse_strategy)]
     pub strategy: Strategy,
-    /// Per-instance results (CSV).
+    /// Per-instance results (CSV: name, n, cost, reference, gap_percent, routes, and the tour
+    /// as actions, `0` between routes).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Most decoder rows (instances × samples × symmetries × starts) in one batch.
@@ -251,13 +252,15 @@ fn graph_probe(
     })
 }
 
-/// The per-instance CSV of `--out`.
+/// The per-instance CSV of `--out`; `tour` is the solution as a decoder's actions
+/// (customers, `0` between routes, no padding), the form of Kool's and rl4co's tours.
 fn write_results(out: &Path, items: &[EvalItem], results: &[Solved]) -> Result<(), TrainError> {
-    let mut csv = String::from("name,n,cost,reference,gap_percent,routes\n");
+    let mut csv = String::from("name,n,cost,reference,gap_percent,routes,tour\n");
     for (it, r) in items.iter().zip(results) {
+        let routes: Vec<String> = r.solution.routes.iter().map(|route| join(route)).collect();
         let _ = writeln!(
             csv,
-            "{},{},{:.6},{},{},{}",
+            "{},{},{:.6},{},{},{},{}",
             it.instance.name(),
             it.instance.n(),
             r.cost,
@@ -266,10 +269,16 @@ fn write_results(out: &Path, items: &[EvalItem], results: &[Solved]) -> Result<(
                 "{:.4}",
                 100.0 * (r.cost / x - 1.0)
             )),
-            r.solution.routes.len()
+            r.solution.routes.len(),
+            routes.join(" 0 ")
         );
     }
     crate::atomic::write_atomic(out, csv.as_bytes())?;
     eprintln!("per-instance results in {}", out.display());
     Ok(())
+}
+
+fn join(route: &[u32]) -> String {
+    let customers: Vec<String> = route.iter().map(u32::to_string).collect();
+    customers.join(" ")
 }
