@@ -1,20 +1,23 @@
-//! A probe of Burn's device graphs (CUDA graphs) on a whole decode: does a decode record as
-//! one graph, how long does a replay take against the eager decode, and do the two give the
-//! same tours? A developer's tool (`routeburn eval --graph-probe`, run by `gpu-check`);
-//! evaluation itself does not capture.
+//! Burn's device graphs (CUDA graphs) on a whole decode: [`RecordedDecode`], a greedy
+//! decode recorded once and replayed on each next batch of the same size (`routeburn eval
+//! --graph`), and [`probe`], a developer's check of whether a decode records, what a replay
+//! saves and whether it gives the same tours (`eval --graph-probe`, run by `gpu-check`).
 //!
-//! It takes `burn::tensor::capture`'s steps (prepare, three warm-up decodes, the recorded
-//! one), but calls the backend for each itself: `capture` folds a refusal into a silent
-//! fallback (re-running the closure), and the probe's point is to say why a decode does not
-//! record. Every replay reads the inputs the recorded decode read. An evaluation would have
-//! to refresh them in place between replays (the graph holds raw device pointers), which is
-//! cubecl's `ComputeClient::write` on the tensors' handles: Burn 0.22.1 has no tensor
-//! operation that writes into an existing buffer.
+//! Both take `burn::tensor::capture`'s steps (prepare, three warm-up decodes, the recorded
+//! one), but call the backend for each themselves: `capture` folds a refusal into a silent
+//! fallback (re-running the closure), and a refusal here is reported with its reason. A
+//! replay reads and writes the buffers the recording used (the graph holds raw device
+//! pointers), so the next batch is written into the recorded input buffer in place: an
+//! operation of this crate's ([`WriteInPlaceBackend`]) around cubecl's
+//! `ComputeClient::write`, since Burn 0.22.1 has no tensor operation that writes into an
+//! existing buffer.
 
 use std::time::Instant;
 
 use burn::backend::{Backend as _, BackendGraph, Dispatch};
 use burn::tensor::{Device, Int, Tensor};
+
+use routeburn_data::Batch;
 
 use crate::decode::{DecodeOptions, DecodeOutput, Policy};
 use crate::problem::DeviceBatch;
@@ -22,6 +25,144 @@ use crate::problem::DeviceBatch;
 /// Warm-up decodes before the recorded one: Burn's own `capture` runs three, since fusion
 /// takes a different path (and allocates other buffers) the first time it sees a stream.
 const WARM_UP_DECODES: usize = 3;
+
+/// A decode recorded as a device graph: each [`replay`](Self::replay) decodes another batch
+/// of the recorded one's size, written into the recorded inputs, as one launch.
+pub struct RecordedDecode<'a, P: Policy> {
+    /// The model whose parameters the graph reads, borrowed for as long as it lives.
+    _policy: std::marker::PhantomData<&'a P>,
+    graph: BackendGraph<Dispatch>,
+    /// The buffer the recorded decode read its coordinates, demands and capacities from.
+    inputs: Tensor<1>,
+    /// The recorded decode's outputs, which each replay overwrites.
+    output: DecodeOutput,
+    batch_size: usize,
+    n: usize,
+}
+
+impl<'a, P: Policy> RecordedDecode<'a, P> {
+    /// Records `policy`'s decode of `batch` (greedy or multi-start; no sampling noise) on
+    /// `device` and returns it with the recorded decode's `[R, T]` actions, the batch's
+    /// tours. Where the backend has no device graphs (every CPU backend), the reason.
+    pub fn record(
+        policy: &'a P,
+        batch: &Batch,
+        options: &DecodeOptions,
+        device: &Device,
+    ) -> Result<(Self, Tensor<2, Int>), String> {
+        let inputs = DeviceBatch::upload_flat(batch, device);
+        // The views into `inputs` are made inside the recorded decode, so that the graph
+        // reads the buffer itself, which each replay's batch overwrites.
+        let decode = || policy.decode(&DeviceBatch::from_flat(&inputs, batch), options);
+        let (graph, output) = record(device, decode)?;
+        let actions = output.actions.clone();
+        let recorded = Self {
+            _policy: std::marker::PhantomData,
+            graph,
+            inputs,
+            output,
+            batch_size: batch.size,
+            n: batch.n,
+        };
+        Ok((recorded, actions))
+    }
+
+    /// Whether `batch` has the recorded one's size and n, which a replay decodes.
+    pub fn fits(&self, batch: &Batch) -> bool {
+        (batch.size, batch.n) == (self.batch_size, self.n)
+    }
+
+    /// Decodes `batch` (as many instances of the same n as the recorded one) by writing it
+    /// into the recorded inputs and replaying the graph; its `[R, T]` actions, which the
+    /// next replay overwrites: read them first.
+    pub fn replay(&self, batch: &Batch) -> Result<Tensor<2, Int>, String> {
+        if !self.fits(batch) {
+            return Err(format!(
+                "a batch of {} instances of n = {} replayed on a decode recorded for {} of n = {}",
+                batch.size, batch.n, self.batch_size, self.n
+            ));
+        }
+        let device = self.inputs.device();
+        let dispatch = device.as_dispatch();
+        let written = write_in_place(&self.inputs, DeviceBatch::instance_values(batch))?;
+        // The write runs before the replay, and `written` (the same buffer) is kept until
+        // it has: fusion drops work whose outputs are dropped before it runs.
+        Dispatch::sync(dispatch).map_err(|e| reason("writing the batch", e))?;
+        drop(written);
+        // SAFETY: every buffer the recorded decode read or wrote is alive while `self` is:
+        // the model's parameters (`policy`, borrowed for 'a), the inputs (`inputs`), the
+        // outputs (`output`), and the intermediates (the views among them), which
+        // `graph_prepare` pinned in the persistent pool. The write above and the caller's
+        // read of the actions are on the same stream, ordered around the replay.
+        unsafe { Dispatch::graph_replay(dispatch, &self.graph) }
+            .map_err(|e| reason("replaying the graph", e))?;
+        Ok(self.output.actions.clone())
+    }
+}
+
+/// `target`'s buffer overwritten with `values` (as many f32s as it holds) in place: the
+/// same buffer, returned as a tensor to keep until the write has run.
+fn write_in_place(target: &Tensor<1>, values: Vec<f32>) -> Result<Tensor<1>, String> {
+    if values.len() != target.dims()[0] {
+        return Err(format!(
+            "{} values written into a buffer of {}",
+            values.len(),
+            target.dims()[0]
+        ));
+    }
+    #[cfg(any(feature = "cuda", feature = "cpu"))]
+    if crate::backend::runs_through_cubecl(&target.device()) {
+        let values = std::sync::Arc::new(values);
+        let out = <Dispatch as WriteInPlaceBackend>::write_in_place(
+            target.clone().into_dispatch(),
+            values,
+        );
+        return Ok(Tensor::from_dispatch(out));
+    }
+    Err("writing into a buffer in place needs a CubeCL backend (cuda, cpu)".into())
+}
+
+#[cfg(any(feature = "cuda", feature = "cpu"))]
+pub use write_op::WriteInPlaceBackend;
+
+#[cfg(any(feature = "cuda", feature = "cpu"))]
+mod write_op {
+    use std::sync::Arc;
+
+    use burn::backend::backend_extension;
+    use burn::backend::tensor::FloatTensor;
+    use burn::backend::TensorMetadata;
+    use burn_cubecl::cubecl::bytes::Bytes;
+    use burn_cubecl::CubeBackend;
+
+    /// Overwrites a contiguous f32 tensor's own buffer (same device pointer) with host
+    /// values: how a recorded decode's inputs are refreshed between replays.
+    #[backend_extension(
+        Cube: cfg(any(feature = "cuda", feature = "cpu")),
+        Fusion: cfg(any(feature = "cuda", feature = "cpu"))
+    )]
+    pub trait WriteInPlaceBackend: burn::backend::Backend {
+        /// `target`, whose buffer now holds `values`.
+        #[fusion(dtype = target, shape = target)]
+        fn write_in_place(target: FloatTensor<Self>, values: Arc<Vec<f32>>) -> FloatTensor<Self>;
+    }
+
+    impl WriteInPlaceBackend for CubeBackend {
+        fn write_in_place(target: FloatTensor<Self>, values: Arc<Vec<f32>>) -> FloatTensor<Self> {
+            // What `RecordedDecode` uploads: one contiguous f32 buffer of its own.
+            assert_eq!(target.dtype, burn::tensor::DType::F32, "an f32 buffer");
+            assert!(target.is_contiguous(), "a contiguous buffer");
+            assert_eq!(
+                target.shape().num_elements(),
+                values.len(),
+                "one value per element"
+            );
+            let bytes = Bytes::from_elems(values.as_ref().clone());
+            target.client.write(&target.handle, bytes);
+            target
+        }
+    }
+}
 
 /// What [`probe`] found.
 #[derive(Debug, Clone)]
@@ -126,4 +267,82 @@ fn read_tours(actions: Tensor<2, Int>) -> Vec<i64> {
         .into_data()
         .try_into_vec_as::<i64>()
         .expect("int tensor data converts to i64")
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::Device;
+    use routeburn_data::{Batch, Generator, InstanceRng};
+
+    use super::*;
+    use crate::backend::Backend;
+    use crate::{AttentionModel, AttentionModelConfig, GraphEncoderConfig};
+
+    fn small_model(device: &Device) -> AttentionModel {
+        let encoder = GraphEncoderConfig::new()
+            .with_embed_dim(16)
+            .with_num_heads(4)
+            .with_num_layers(1)
+            .with_feed_forward_dim(32);
+        AttentionModelConfig::new()
+            .with_encoder(encoder)
+            .init(device)
+    }
+
+    /// Two batches of 4 CVRP10 instances.
+    fn two_batches() -> (Batch, Batch) {
+        let generator = Generator::uniform(10);
+        let mut rng = InstanceRng::new(11);
+        let first = generator.sample_batch(&mut rng, 4);
+        (first, generator.sample_batch(&mut rng, 4))
+    }
+
+    /// The CPU backends have no device graphs: recording says why, and nothing is written.
+    #[test]
+    fn recording_is_refused_with_the_reason_where_there_are_no_device_graphs() {
+        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let model = small_model(&device);
+        let (first, _) = two_batches();
+        let refused = RecordedDecode::record(&model, &first, &DecodeOptions::greedy(), &device)
+            .err()
+            .expect("no device graph on a CPU backend");
+        assert!(refused.contains("opening the capture"), "{refused}");
+        let inputs = DeviceBatch::upload_flat(&first, &device);
+        let values = DeviceBatch::instance_values(&first);
+        if !crate::backend::runs_through_cubecl(&device) {
+            assert!(write_in_place(&inputs, values).is_err());
+        }
+    }
+
+    /// On CubeCL's CPU runtime: the second batch written into the first's input buffer is
+    /// what a decode from that buffer then reads: it gives the second batch's own tours (a
+    /// fresh upload's), which differ from the first's.
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_write_in_place_refreshes_a_decodes_inputs() {
+        let device = Backend::Cpu.device().unwrap();
+        let model = small_model(&device);
+        let options = DecodeOptions::greedy();
+        let tours = |problem: &DeviceBatch| read_tours(model.decode(problem, &options).actions);
+        let (first, second) = two_batches();
+        let inputs = DeviceBatch::upload_flat(&first, &device);
+        let first_tours = tours(&DeviceBatch::from_flat(&inputs, &first));
+        assert_eq!(
+            first_tours,
+            tours(&DeviceBatch::upload(&first, None, &device))
+        );
+        let values = DeviceBatch::instance_values(&second);
+        let written = write_in_place(&inputs, values.clone()).unwrap();
+        Dispatch::sync(device.as_dispatch()).unwrap();
+        drop(written);
+        let buffer = inputs.clone().into_data().try_to_vec::<f32>().unwrap();
+        assert_eq!(buffer, values);
+        let refreshed = tours(&DeviceBatch::from_flat(&inputs, &second));
+        assert_eq!(
+            refreshed,
+            tours(&DeviceBatch::upload(&second, None, &device))
+        );
+        assert_ne!(refreshed, first_tours);
+        assert!(write_in_place(&inputs, vec![0.0; 3]).is_err());
+    }
 }

@@ -50,6 +50,44 @@ impl DeviceBatch {
         Self::upload_inner(batch, noise, None, device).0
     }
 
+    /// Uploads `batch`'s [`instance_values`](Self::instance_values) as one flat tensor, for
+    /// [`from_flat`](Self::from_flat): the input buffer of a decode recorded as a device
+    /// graph, which the next batch's values overwrite in place.
+    pub fn upload_flat(batch: &Batch, device: &Device) -> Tensor<1> {
+        let values = Self::instance_values(batch);
+        let len = values.len();
+        Tensor::from_data(TensorData::new(values, [len]), device)
+    }
+
+    /// The batch (no noise) whose coordinates, demands and capacities are views of `flat`,
+    /// which holds `batch`'s [`instance_values`](Self::instance_values). The views are
+    /// issued anew on each call, so a decode that starts from them reads the buffer as it
+    /// is then: views kept from an earlier decode can read a copy instead, since fusion
+    /// stores a view it computed for a tensor that is still alive (seen on CubeCL's CPU
+    /// runtime).
+    pub fn from_flat(flat: &Tensor<1>, batch: &Batch) -> Self {
+        let (b, nodes) = (batch.size, batch.num_nodes());
+        let view = |at: usize, len: usize| flat.clone().slice(at..at + len);
+        Self {
+            coords: view(0, b * nodes * 2).reshape([b, nodes, 2]),
+            demands: view(b * nodes * 2, b * nodes).reshape([b, nodes]),
+            capacity: view(b * nodes * 3, b).reshape([b, 1]),
+            noise: None,
+            min_steps: min_decode_steps(batch),
+        }
+    }
+
+    /// The values [`upload`](Self::upload) sends for `batch`'s instances, in its order:
+    /// `[B, N, 2]` coordinates, `[B, N]` demands, `[B]` capacities, as f32.
+    pub fn instance_values(batch: &Batch) -> Vec<f32> {
+        let (b, nodes) = (batch.size, batch.num_nodes());
+        let mut values = Vec::with_capacity(b * nodes * 3 + b);
+        values.extend_from_slice(&batch.coords);
+        values.extend(batch.node_demands.iter().map(|&d| d as f32));
+        values.extend(batch.capacities.iter().map(|&c| c as f32));
+        values
+    }
+
     /// Uploads `batch` and its target tours (one action sequence per instance, see
     /// `routeburn_cost::Solution::to_actions`) in one transfer, for supervised training.
     /// Targets are padded with depot visits to the longest; `valid` marks the positions
@@ -75,11 +113,8 @@ impl DeviceBatch {
         let noise_len = noise
             .as_ref()
             .map_or(0, |(s, _)| b * s.rows_per_instance * steps);
-        let instance_len = b * nodes * 3 + b;
-        let mut buffer = Vec::with_capacity(instance_len + noise_len);
-        buffer.extend_from_slice(&batch.coords);
-        buffer.extend(batch.node_demands.iter().map(|&d| d as f32));
-        buffer.extend(batch.capacities.iter().map(|&c| c as f32));
+        let mut buffer = Self::instance_values(batch);
+        buffer.reserve(noise_len);
         let rows = if let Some((shape, rng)) = noise {
             // Strictly inside (0, 1): a zero would select a masked first node.
             buffer.extend(

@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use burn::module::Module;
-use burn::tensor::Device;
+use burn::tensor::{Device, Int, Tensor};
 use routeburn_cost::{Metric, Solution};
 use routeburn_data::{normalize_coords, Batch, Instance, InstanceRng};
+use routeburn_model::graph_capture::RecordedDecode;
 use routeburn_model::{
     decode_chunk, decode_in_chunks, DecodeOptions, DeviceBatch, NoiseShape, Policy, RoutingModel,
 };
@@ -249,12 +250,107 @@ pub(crate) fn solve_batch(
 ) -> Result<Vec<Solved>, TrainError> {
     let (batch, problem, options) =
         upload_batch(instances, strategy, normalize, check_every, rng, device)?;
-    let rows = options.rows_per_instance(batch.n);
     let chunk = decode_chunk(device, batch.n + 1);
     let parts = decode_in_chunks(model, &problem, 0..batch.size, &options, chunk);
+    best_solutions(instances, &batch, parts, strategy, metric)
+}
+
+/// `eval --graph`: batches of one size decoded through a decode recorded as a device graph
+/// (CUDA graphs) on the first of them and replayed on each next one, its instances written
+/// into the recorded inputs. A batch of another size (the last, partial one) decodes
+/// eagerly, and so does every batch where the backend records no graph (said once, on
+/// stderr, with the reason).
+pub(crate) struct GraphSolver<'a, P: Policy> {
+    model: &'a P,
+    strategy: Strategy,
+    normalize: bool,
+    check_every: usize,
+    recorded: Option<RecordedDecode<'a, P>>,
+    refused: bool,
+    /// Batches decoded by replaying the graph.
+    pub(crate) replays: usize,
+}
+
+impl<'a, P: Policy + Sync> GraphSolver<'a, P> {
+    /// Greedy, multi-start and ×8-augmented decodes only: a sampled decode reads noise
+    /// drawn per batch.
+    pub(crate) fn new(
+        model: &'a P,
+        strategy: Strategy,
+        normalize: bool,
+        check_every: usize,
+    ) -> Result<Self, TrainError> {
+        if strategy.samples > 0 {
+            return Err(TrainError::Input(format!(
+                "--graph decodes greedily (greedy, multistart, aug8); got --strategy {strategy}"
+            )));
+        }
+        Ok(Self {
+            model,
+            strategy,
+            normalize,
+            check_every,
+            recorded: None,
+            refused: false,
+            replays: 0,
+        })
+    }
+
+    /// [`solve_batch`] for `instances`, through the recorded graph where it can.
+    pub(crate) fn solve(
+        &mut self,
+        instances: &[&Instance],
+        device: &Device,
+    ) -> Result<Vec<Solved>, TrainError> {
+        let batch = expanded_batch(instances, self.strategy, self.normalize)?;
+        let options = decode_options(self.strategy, self.check_every);
+        let parts = match &self.recorded {
+            Some(recorded) if recorded.fits(&batch) => {
+                self.replays += 1;
+                vec![recorded.replay(&batch).map_err(TrainError::Failed)?]
+            }
+            Some(_) => self.eager(&batch, &options, device),
+            None if self.refused => self.eager(&batch, &options, device),
+            None => match RecordedDecode::record(self.model, &batch, &options, device) {
+                Ok((recorded, actions)) => {
+                    self.recorded = Some(recorded);
+                    vec![actions]
+                }
+                Err(why) => {
+                    eprintln!("device graph: not recorded ({why}); decoding eagerly");
+                    self.refused = true;
+                    self.eager(&batch, &options, device)
+                }
+            },
+        };
+        best_solutions(instances, &batch, parts, self.strategy, None)
+    }
+
+    fn eager(
+        &self,
+        batch: &Batch,
+        options: &DecodeOptions,
+        device: &Device,
+    ) -> Vec<Tensor<2, Int>> {
+        let problem = DeviceBatch::upload(batch, None, device);
+        let chunk = decode_chunk(device, batch.n + 1);
+        decode_in_chunks(self.model, &problem, 0..batch.size, options, chunk)
+    }
+}
+
+/// Each instance's best row of `parts`, the `[rows, steps]` actions of a decode of `batch`
+/// (`instances` expanded by `strategy`): validated, then costed on the instance itself.
+fn best_solutions(
+    instances: &[&Instance],
+    batch: &Batch,
+    parts: Vec<Tensor<2, Int>>,
+    strategy: Strategy,
+    metric: Option<Metric>,
+) -> Result<Vec<Solved>, TrainError> {
     let (actions, steps) = join_rows(download_ints(parts));
     // Validated against the (transformed) batch: feasibility does not depend on coordinates.
-    let row_costs = validated_costs(&batch, &actions, steps, rows)?;
+    let rows_per_decoded = decode_options(strategy, 1).rows_per_instance(batch.n);
+    let row_costs = validated_costs(batch, &actions, steps, rows_per_decoded)?;
     let rows_per_original = strategy.rows_per_instance(batch.n);
     let mut solved = Vec::with_capacity(instances.len());
     for (i, inst) in instances.iter().enumerate() {
@@ -285,17 +381,8 @@ pub(crate) fn upload_batch(
     rng: &mut InstanceRng,
     device: &Device,
 ) -> Result<(Batch, DeviceBatch, DecodeOptions), TrainError> {
-    let variants = if strategy.augment8 { 8 } else { 1 };
-    let copies = strategy.samples.max(1);
-    let expanded = expand(instances, variants, copies, normalize)?;
-    let batch = Batch::from_instances(&expanded).map_err(|e| TrainError::Input(e.to_string()))?;
-    let options = if strategy.samples > 0 {
-        DecodeOptions::sample(1.0)
-    } else {
-        DecodeOptions::greedy()
-    }
-    .with_multi_start(strategy.multi_start)
-    .with_check_every(check_every);
+    let batch = expanded_batch(instances, strategy, normalize)?;
+    let options = decode_options(strategy, check_every);
     let noise = (strategy.samples > 0).then_some((
         NoiseShape {
             rows_per_instance: options.rows_per_instance(batch.n),
@@ -304,6 +391,29 @@ pub(crate) fn upload_batch(
     ));
     let problem = DeviceBatch::upload(&batch, noise, device);
     Ok((batch, problem, options))
+}
+
+/// `instances` expanded into the symmetries and sample copies `strategy` decodes, as one
+/// host batch (instance-major, then symmetry, then copy).
+fn expanded_batch(
+    instances: &[&Instance],
+    strategy: Strategy,
+    normalize: bool,
+) -> Result<Batch, TrainError> {
+    let variants = if strategy.augment8 { 8 } else { 1 };
+    let copies = strategy.samples.max(1);
+    let expanded = expand(instances, variants, copies, normalize)?;
+    Batch::from_instances(&expanded).map_err(|e| TrainError::Input(e.to_string()))
+}
+
+fn decode_options(strategy: Strategy, check_every: usize) -> DecodeOptions {
+    if strategy.samples > 0 {
+        DecodeOptions::sample(1.0)
+    } else {
+        DecodeOptions::greedy()
+    }
+    .with_multi_start(strategy.multi_start)
+    .with_check_every(check_every)
 }
 
 /// Each instance's `variants` symmetries (unit square first when `normalize`), each

@@ -311,6 +311,54 @@ fn train_eval_solve_check() {
         "{stderr}"
     );
 
+    // `--graph`: without device graphs every batch decodes eagerly, with the reason said
+    // once; the per-instance results are the eager evaluation's, byte for byte.
+    let graph_eval = |strategy: &str, graph: bool, csv: &Path| {
+        let mut cmd = routeburn();
+        cmd.args([
+            "eval",
+            "--strategy",
+            strategy,
+            "--max-rows",
+            "500",
+            "--checkpoint",
+        ])
+        .arg(&run)
+        .arg("--data")
+        .arg(data().join("validation/cvrp10.jsonl"))
+        .arg("--out")
+        .arg(csv);
+        if graph {
+            cmd.arg("--graph");
+        }
+        cmd.output().unwrap()
+    };
+    let (eager_csv, graph_csv) = (dir.join("eager.csv"), dir.join("graph.csv"));
+    let out = graph_eval("multistart", true, &graph_csv);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("device graph   replayed on 0 of 3 batches"),
+        "{stdout}"
+    );
+    assert_eq!(
+        stderr.matches("device graph: not recorded").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(graph_eval("multistart", false, &eager_csv).status.success());
+    assert_eq!(
+        std::fs::read_to_string(&graph_csv).unwrap(),
+        std::fs::read_to_string(&eager_csv).unwrap()
+    );
+    let out = graph_eval("sample:2", true, &graph_csv);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--graph decodes greedily"), "{stderr}");
+
     let sols = dir.join("sols");
     let instances = ["P/P-n16-k8", "A/A-n32-k5"];
     let out = routeburn()

@@ -11,7 +11,7 @@ use statrs::statistics::{Data, Median};
 
 use crate::error::TrainError;
 use crate::evaluate::mean;
-use crate::inference::{solve_batch, upload_batch, Solved, Strategy, TrainedModel};
+use crate::inference::{solve_batch, upload_batch, GraphSolver, Solved, Strategy, TrainedModel};
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
@@ -43,6 +43,12 @@ pub struct EvalArgs {
     /// times and whether their tours agree, and exit without evaluating.
     #[arg(long)]
     pub graph_probe: bool,
+    /// Decode through a device graph (CUDA graphs): the first batch's decode is recorded
+    /// once and replayed on each next batch of the same size, its instances written into
+    /// the recorded inputs; other batches decode eagerly, and so does everything where the
+    /// backend records no graph (said on stderr). Greedy, multistart and aug8 only.
+    #[arg(long, conflicts_with = "graph_probe")]
+    pub graph: bool,
 }
 
 /// An instance to evaluate and the cost it is measured against.
@@ -117,7 +123,7 @@ pub(crate) fn run(args: EvalArgs) -> Result<ExitCode, TrainError> {
         return graph_probe(&args, &trained, &items, normalize, (backend, &device));
     }
     let start = Instant::now();
-    let results = solve_all(&args, &trained, &items, normalize, &device)?;
+    let (results, replays) = solve_all(&args, &trained, &items, normalize, &device)?;
     let seconds = start.elapsed().as_secs_f64();
 
     let costs: Vec<f64> = results.iter().map(|r| r.cost).collect();
@@ -142,6 +148,9 @@ pub(crate) fn run(args: EvalArgs) -> Result<ExitCode, TrainError> {
     // Enough digits for slow strategies too (×8 multi-start at n = 100 is < 0.1/s).
     let digits = if rate >= 10.0 { 1 } else { 3 };
     println!("instances/s    {rate:.digits$}");
+    if let Some(GraphReplays { replayed, batches }) = replays {
+        println!("device graph   replayed on {replayed} of {batches} batches");
+    }
     if let Some(out) = &args.out {
         write_results(out, &items, &results)?;
     }
@@ -149,15 +158,26 @@ pub(crate) fn run(args: EvalArgs) -> Result<ExitCode, TrainError> {
 }
 
 /// Solves every item, in batches of one instance size of at most `--max-rows` decoder
-/// rows; results in the items' order.
+/// rows; results in the items' order, and with `--graph` how many of how many batches
+/// replayed the device graph.
 fn solve_all(
     args: &EvalArgs,
     trained: &TrainedModel,
     items: &[EvalItem],
     normalize: bool,
     device: &burn::tensor::Device,
-) -> Result<Vec<Solved>, TrainError> {
+) -> Result<(Vec<Solved>, Option<GraphReplays>), TrainError> {
     let check_every = trained.config.training.decode_check_every;
+    let mut graph = match args.graph {
+        true => Some(GraphSolver::new(
+            &trained.model,
+            args.strategy,
+            normalize,
+            check_every,
+        )?),
+        false => None,
+    };
+    let mut batches = 0;
     let mut rng = InstanceRng::new(args.seed);
     let mut by_n: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for (i, it) in items.iter().enumerate() {
@@ -169,25 +189,39 @@ fn solve_all(
         let chunk = (args.max_rows / rows_each).max(1);
         for part in idx.chunks(chunk) {
             let instances: Vec<&Instance> = part.iter().map(|&i| &items[i].instance).collect();
-            let solved = solve_batch(
-                &trained.model,
-                &instances,
-                args.strategy,
-                normalize,
-                None,
-                check_every,
-                &mut rng,
-                device,
-            )?;
+            batches += 1;
+            let solved = match graph.as_mut() {
+                Some(graph) => graph.solve(&instances, device)?,
+                None => solve_batch(
+                    &trained.model,
+                    &instances,
+                    args.strategy,
+                    normalize,
+                    None,
+                    check_every,
+                    &mut rng,
+                    device,
+                )?,
+            };
             for (&i, s) in part.iter().zip(solved) {
                 results[i] = Some(s);
             }
         }
     }
-    Ok(results
+    let results = results
         .into_iter()
-        .map(|r| r.expect("every instance solved"))
-        .collect())
+        .map(|r| r.expect("every instance solved"));
+    let replays = graph.map(|g| GraphReplays {
+        replayed: g.replays,
+        batches,
+    });
+    Ok((results.collect(), replays))
+}
+
+/// With `--graph`: how many of the batches replayed the device graph.
+struct GraphReplays {
+    replayed: usize,
+    batches: usize,
 }
 
 /// Runs of each kind in `--graph-probe`.
