@@ -336,8 +336,7 @@ mod tests {
     use super::*;
     use crate::backend::Backend;
     use crate::decoder_step::fused_on;
-    use crate::encoder::GraphEncoderConfig;
-    use crate::test_values::pseudo_random;
+    use crate::test_values::{pseudo_random, small_model};
 
     /// Kool's decoder step written as he does, with matmuls on transposed keys: the
     /// reference for the broadcast-and-sum form the model uses.
@@ -386,17 +385,6 @@ mod tests {
     }
 
     /// d = 16, 4 heads, one encoder layer.
-    fn small_model(device: &Device) -> AttentionModel {
-        let encoder = GraphEncoderConfig::new()
-            .with_embed_dim(16)
-            .with_num_heads(4)
-            .with_num_layers(1)
-            .with_feed_forward_dim(32);
-        AttentionModelConfig::new()
-            .with_encoder(encoder)
-            .init(device)
-    }
-
     /// The same masked entries (−∞), and the others within 1e-5; some entry is masked.
     fn assert_log_probs_close(ours: &[f32], reference: &[f32]) {
         assert_eq!(ours.len(), reference.len());

@@ -103,11 +103,12 @@ impl<'a, P: Policy> RecordedDecode<'a, P> {
 /// `target`'s buffer overwritten with `values` (as many f32s as it holds) in place: the
 /// same buffer, returned as a tensor to keep until the write has run.
 fn write_in_place(target: &Tensor<1>, values: Vec<f32>) -> Result<Tensor<1>, String> {
-    if values.len() != target.dims()[0] {
+    if values.len() != target.dims()[0] || target.dtype() != burn::tensor::DType::F32 {
         return Err(format!(
-            "{} values written into a buffer of {}",
+            "{} f32 values written into a buffer of {} {:?}",
             values.len(),
-            target.dims()[0]
+            target.dims()[0],
+            target.dtype()
         ));
     }
     #[cfg(any(feature = "cuda", feature = "cpu"))]
@@ -271,23 +272,11 @@ fn read_tours(actions: Tensor<2, Int>) -> Vec<i64> {
 
 #[cfg(test)]
 mod tests {
-    use burn::tensor::Device;
     use routeburn_data::{Batch, Generator, InstanceRng};
 
     use super::*;
     use crate::backend::Backend;
-    use crate::{AttentionModel, AttentionModelConfig, GraphEncoderConfig};
-
-    fn small_model(device: &Device) -> AttentionModel {
-        let encoder = GraphEncoderConfig::new()
-            .with_embed_dim(16)
-            .with_num_heads(4)
-            .with_num_layers(1)
-            .with_feed_forward_dim(32);
-        AttentionModelConfig::new()
-            .with_encoder(encoder)
-            .init(device)
-    }
+    use crate::test_values::small_model;
 
     /// Two batches of 4 CVRP10 instances.
     fn two_batches() -> (Batch, Batch) {

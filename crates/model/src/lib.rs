@@ -69,6 +69,18 @@ mod test_values {
         (out.clone() * weights).sum().backward()
     }
 
+    /// An attention model of d = 16, 4 heads, one layer: small enough for any test.
+    pub(crate) fn small_model(device: &burn::tensor::Device) -> crate::AttentionModel {
+        let encoder = crate::GraphEncoderConfig::new()
+            .with_embed_dim(16)
+            .with_num_heads(4)
+            .with_num_layers(1)
+            .with_feed_forward_dim(32);
+        crate::AttentionModelConfig::new()
+            .with_encoder(encoder)
+            .init(device)
+    }
+
     /// A tensor's values, in order.
     pub(crate) fn read<const D: usize>(t: burn::tensor::Tensor<D>) -> Vec<f32> {
         t.into_data().try_to_vec::<f32>().expect("f32")
