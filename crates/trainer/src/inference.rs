@@ -250,9 +250,20 @@ pub(crate) fn solve_batch(
 ) -> Result<Vec<Solved>, TrainError> {
     let (batch, problem, options) =
         upload_batch(instances, strategy, normalize, check_every, rng, device)?;
-    let chunk = decode_chunk(device, batch.n + 1);
-    let parts = decode_in_chunks(model, &problem, 0..batch.size, &options, chunk);
+    let parts = decode_batch(model, &batch, &problem, &options, device);
     best_solutions(instances, &batch, parts, strategy, metric)
+}
+
+/// `problem` (`batch` on the device) decoded eagerly, in the chunks `device` takes best.
+fn decode_batch(
+    model: &(impl Policy + Sync),
+    batch: &Batch,
+    problem: &DeviceBatch,
+    options: &DecodeOptions,
+    device: &Device,
+) -> Vec<Tensor<2, Int>> {
+    let chunk = decode_chunk(device, batch.n + 1);
+    decode_in_chunks(model, problem, 0..batch.size, options, chunk)
 }
 
 /// `eval --graph`: batches of one size decoded through a decode recorded as a device graph
@@ -333,8 +344,7 @@ impl<'a, P: Policy + Sync> GraphSolver<'a, P> {
         device: &Device,
     ) -> Vec<Tensor<2, Int>> {
         let problem = DeviceBatch::upload(batch, None, device);
-        let chunk = decode_chunk(device, batch.n + 1);
-        decode_in_chunks(self.model, &problem, 0..batch.size, options, chunk)
+        decode_batch(self.model, batch, &problem, options, device)
     }
 }
 

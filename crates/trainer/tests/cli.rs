@@ -672,15 +672,17 @@ fn stdout_value(out: &std::process::Output, key: &str) -> String {
         .to_string()
 }
 
-/// `routeburn eval --checkpoint CHECKPOINT --data DATA` (greedy).
-fn eval_checkpoint(checkpoint: &Path, data: &Path) -> std::process::Output {
-    routeburn()
-        .args(["eval", "--checkpoint"])
+/// `routeburn eval --checkpoint CHECKPOINT --data DATA [--out CSV]` (greedy).
+fn eval_checkpoint(checkpoint: &Path, data: &Path, csv: Option<&Path>) -> std::process::Output {
+    let mut cmd = routeburn();
+    cmd.args(["eval", "--checkpoint"])
         .arg(checkpoint)
         .arg("--data")
-        .arg(data)
-        .output()
-        .unwrap()
+        .arg(data);
+    if let Some(csv) = csv {
+        cmd.arg("--out").arg(csv);
+    }
+    cmd.output().unwrap()
 }
 
 /// The `tour` column of `eval --out`'s CSV, one action list per instance.
@@ -732,7 +734,7 @@ fn kool_checkpoint_import_eval_solve_init_from() {
     let pt = data().join("kool-pretrained/cvrp_20/epoch-99.pt");
     let val = data().join("validation/cvrp20.jsonl");
     let eval = |checkpoint: &Path| {
-        let out = eval_checkpoint(checkpoint, &val);
+        let out = eval_checkpoint(checkpoint, &val, None);
         assert!(
             out.status.success(),
             "{}",
@@ -741,15 +743,7 @@ fn kool_checkpoint_import_eval_solve_init_from() {
         out
     };
     let csv = dir.join("k20.csv");
-    let direct = routeburn()
-        .args(["eval", "--checkpoint"])
-        .arg(&pt)
-        .arg("--data")
-        .arg(&val)
-        .arg("--out")
-        .arg(&csv)
-        .output()
-        .unwrap();
+    let direct = eval_checkpoint(&pt, &val, Some(&csv));
     assert!(
         direct.status.success(),
         "{}",
@@ -1257,7 +1251,7 @@ fn rl4co_checkpoint_eval_and_import() {
         .collect();
     let expected = rl4co.iter().sum::<f64>() / rl4co.len() as f64;
     let eval = |checkpoint: &Path| {
-        let out = eval_checkpoint(checkpoint, &val);
+        let out = eval_checkpoint(checkpoint, &val, None);
         let stderr = String::from_utf8_lossy(&out.stderr).to_string();
         (out, stderr)
     };
