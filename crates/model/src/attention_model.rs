@@ -118,11 +118,31 @@ impl AttentionModel {
     /// # Shapes
     /// - output `actions`: `[R, T]`, `log_likelihood`: `[R]`, R = B × rows per instance
     pub fn decode(&self, problem: &DeviceBatch, options: &DecodeOptions) -> DecodeOutput {
+        self.decode_following(problem, options, None)
+    }
+
+    /// Scores given tours: the decode takes each instance's tour (node indices as
+    /// [`DecodeOutput::actions`], depot-padded) instead of choosing, and returns their
+    /// log-likelihoods. Two backends compared on the same tours differ only by their
+    /// arithmetic, however a near-tie turns their greedy choices.
+    ///
+    /// # Shapes
+    /// - `tours`: `[B, T']` → output `actions`: `[B, T]`, `log_likelihood`: `[B]`
+    pub fn follow(&self, problem: &DeviceBatch, tours: &Tensor<2, Int>) -> DecodeOutput {
+        self.decode_following(problem, &DecodeOptions::greedy(), Some(tours))
+    }
+
+    fn decode_following(
+        &self,
+        problem: &DeviceBatch,
+        options: &DecodeOptions,
+        tours: Option<&Tensor<2, Int>>,
+    ) -> DecodeOutput {
         let n = problem.num_nodes() - 1;
         let node_embeddings = self.encode(problem); // [B, N, d]
         let pre = self.precompute(node_embeddings, options.rows_per_instance(n));
         let temperature = options.temperature();
-        rollout(problem, options, self.load_arithmetic, |state| {
+        rollout(problem, options, self.load_arithmetic, tours, |state| {
             self.step_log_probs(&pre, state, temperature)
         })
     }

@@ -110,13 +110,18 @@ pub struct DecodeOutput {
 /// (see [`Record`]) and the decode always runs 2n steps with no read, so the fused plans
 /// and kernels compiled for the first batch serve all the others.
 ///
+/// With `follow`, each row takes the node its tour names at each step instead of choosing
+/// one (the depot past the tour's end): the decode scores given tours.
+///
 /// # Shapes
 /// - `next_log_probs`: state of R rows → `[R, N]`, −∞ at masked nodes
+/// - `follow`: `[R, T']` node indices
 /// - output `actions`: `[R, T]`, `log_likelihood`: `[R]`, R = B × rows per instance
 pub(crate) fn rollout(
     problem: &DeviceBatch,
     options: &DecodeOptions,
     arithmetic: LoadArithmetic,
+    follow: Option<&Tensor<2, Int>>,
     mut next_log_probs: impl FnMut(&CvrpState) -> Tensor<2>,
 ) -> DecodeOutput {
     let [b, n_nodes, _] = problem.coords.dims();
@@ -160,9 +165,10 @@ pub(crate) fn rollout(
             break;
         }
         let log_p = next_log_probs(&state); // [R, N]
-        let action = match options.selection {
-            Selection::Greedy => log_p.clone().argmax(1), // [R, 1]
-            Selection::Sample { .. } => {
+        let action = match (follow, options.selection) {
+            (Some(tours), _) => tour_column(tours, step, rows), // [R, 1]
+            (None, Selection::Greedy) => log_p.clone().argmax(1), // [R, 1]
+            (None, Selection::Sample { .. }) => {
                 let noise = problem
                     .noise
                     .as_ref()
@@ -178,6 +184,18 @@ pub(crate) fn rollout(
         record.push_action(step, action);
     }
     record.finish(starts)
+}
+
+/// Column `step` of `tours` (`[R, T']`), or the depot where the tours have ended.
+///
+/// # Shapes
+/// - output: `[R, 1]`
+fn tour_column(tours: &Tensor<2, Int>, step: usize, rows: usize) -> Tensor<2, Int> {
+    let [_, len] = tours.dims();
+    match step < len {
+        true => tours.clone().slice_dim(1, step..step + 1),
+        false => Tensor::zeros([rows, 1], &tours.device()),
+    }
 }
 
 /// Bytes of node keys, values and logit keys (3·N·d floats an instance, d = 128 assumed)

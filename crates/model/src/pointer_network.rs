@@ -174,7 +174,7 @@ impl PointerNetwork {
                 .collect::<Vec<_>>(),
         );
         let temperature = options.temperature();
-        rollout(problem, options, LoadArithmetic::Exact, |state| {
+        rollout(problem, options, LoadArithmetic::Exact, None, |state| {
             let input = decoder_input(&encoded.static_features, state, state.last_node());
             let (log_p, states) =
                 self.step_log_probs(&encoded, input, state, decoder_states.take(), temperature);

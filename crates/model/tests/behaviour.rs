@@ -171,6 +171,99 @@ fn same_seed_same_samples() {
     assert_ne!(sample(5), sample(6));
 }
 
+/// `follow` scores given tours: a sampled decode's tours get that decode's
+/// log-likelihood, and a tour built on the host (customers in index order, back to the
+/// depot when the next does not fit) gets the sum of its nodes' log-probabilities, stepped
+/// here one node at a time.
+#[test]
+fn follow_scores_given_tours() {
+    let device = device();
+    let model = small_config(Normalization::Batch).init(&device);
+    let (b, n) = (6, 8);
+    let batch = Generator::uniform(n).sample_batch(&mut InstanceRng::new(21), b);
+    let noise = NoiseShape {
+        rows_per_instance: 1,
+    };
+    let problem = DeviceBatch::upload(&batch, Some((noise, &mut InstanceRng::new(3))), &device);
+    let sampled = model.decode(&problem, &DecodeOptions::sample(1.0));
+    let followed = model.follow(&problem, &sampled.actions);
+    assert_eq!(
+        to_i64(followed.actions.into_data()),
+        to_i64(sampled.actions.into_data())
+    );
+    let (ours, theirs) = (
+        to_f32(followed.log_likelihood.into_data()),
+        to_f32(sampled.log_likelihood.into_data()),
+    );
+    for (i, (a, e)) in ours.iter().zip(&theirs).enumerate() {
+        assert!(
+            (a - e).abs() <= 1e-5 * e.abs().max(1.0),
+            "instance {i}: {a} vs {e}"
+        );
+    }
+
+    let nodes = n + 1;
+    let tours: Vec<Vec<i64>> = (0..b)
+        .map(|i| {
+            let (demands, capacity) = (
+                &batch.node_demands[i * nodes..(i + 1) * nodes],
+                batch.capacities[i],
+            );
+            let (mut tour, mut load) = (Vec::new(), 0);
+            for (c, &demand) in demands.iter().enumerate().skip(1) {
+                if load + demand > capacity {
+                    tour.push(0);
+                    load = 0;
+                }
+                tour.push(c as i64);
+                load += demand;
+            }
+            tour
+        })
+        .collect();
+    let len = tours.iter().map(Vec::len).max().unwrap();
+    let padded: Vec<i64> = tours
+        .iter()
+        .flat_map(|t| t.iter().copied().chain(std::iter::repeat(0)).take(len))
+        .collect();
+    let tours_tensor =
+        Tensor::<2, Int>::from_data(TensorData::new(padded.clone(), [b, len]), &device);
+    let scored = to_f32(
+        model
+            .follow(&problem, &tours_tensor)
+            .log_likelihood
+            .into_data(),
+    );
+
+    let pre = model.precompute(model.encode(&problem), 1);
+    let mut state = CvrpState::new(problem.demands.clone(), problem.capacity.clone());
+    let mut expected = vec![0.0f64; b];
+    for step in 0..len {
+        let log_p = to_f32(model.step_log_probs(&pre, &state, 1.0).into_data()); // [B, N]
+        let action: Vec<i64> = (0..b).map(|i| padded[i * len + step]).collect();
+        for (i, &a) in action.iter().enumerate() {
+            let p = log_p[i * nodes + a as usize];
+            // Past its tour's end an instance sits at the depot with probability 1.
+            if step < tours[i].len() {
+                expected[i] += p as f64;
+            } else {
+                assert_eq!(p, 0.0, "instance {i} finished");
+            }
+        }
+        state.step(Tensor::<2, Int>::from_data(
+            TensorData::new(action, [b, 1]),
+            &device,
+        ));
+    }
+    for (i, (a, e)) in scored.iter().zip(&expected).enumerate() {
+        assert!(a.is_finite(), "instance {i}: a feasible tour");
+        assert!(
+            (*a as f64 - e).abs() <= 1e-4 * e.abs().max(1.0),
+            "instance {i}: {a} vs {e}"
+        );
+    }
+}
+
 #[test]
 fn default_model_shapes() {
     let device = device();

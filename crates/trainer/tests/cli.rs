@@ -581,7 +581,11 @@ fn compare_backends_same_backend_agrees_exactly() {
         .filter(|l| l.starts_with(&format!("| {default} |")))
         .collect();
     assert_eq!(rows.len(), 2, "{stdout}");
-    assert!(rows[1].contains("| 0.00e0 | 0 |"), "{}", rows[1]);
+    assert!(
+        rows[1].contains("| 0.00e0 | 0.00e0 | 0 | ok"),
+        "{}",
+        rows[1]
+    );
     // The loss curves: three steps, both columns identical.
     let steps: Vec<&str> = stdout
         .lines()
@@ -593,8 +597,37 @@ fn compare_backends_same_backend_agrees_exactly() {
         assert_eq!(cells[2], cells[3], "{line}");
     }
 
+    // A trained model (Kool's CVRP20, a `.pt`): its config (n = 20) and weights on both.
+    let kool = data().join("kool-pretrained/cvrp_20/epoch-99.pt");
+    let out = routeburn()
+        .args([
+            "compare-backends",
+            "--steps",
+            "1",
+            "--agreement-instances",
+            "16",
+        ])
+        .arg("--backends")
+        .arg(format!("{default},{default}"))
+        .arg("--checkpoint")
+        .arg(&kool)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("n = 20, batch 512"), "{stdout}");
+    assert!(stdout.contains("| 0.00e0 | 0.00e0 | 0 | ok"), "{stdout}");
+
     // Refused with exit status 2 and a message saying why.
-    let refusals: [(&[&str], &str); 5] = [
+    let refusals: [(&[&str], &str); 6] = [
+        (
+            &["--checkpoint", "a.pt", "--config", "b.toml"],
+            "cannot be used with",
+        ),
         (&["--steps", "0"], "--steps must be at least 1"),
         (
             &["--backends", "tpu"],
