@@ -556,26 +556,32 @@ fn compare_backends_same_backend_agrees_exactly() {
     )
     .unwrap();
     let default = routeburn_model::Backend::default_compiled().unwrap().name();
-    let out = routeburn()
-        .args([
-            "compare-backends",
-            "--steps",
-            "3",
-            "--agreement-instances",
-            "32",
-        ])
-        .arg("--backends")
-        .arg(format!("{default},{default}"))
-        .arg("--config")
-        .arg(&config)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // compare-backends with `default` twice; its table, after asserting success.
+    let compare_with_itself = |args: &[&std::ffi::OsStr]| -> String {
+        let out = routeburn()
+            .arg("compare-backends")
+            .arg("--backends")
+            .arg(format!("{default},{default}"))
+            .args(args)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let os = |s: &'static str| std::ffi::OsStr::new(s);
+    let stdout = compare_with_itself(&[
+        os("--steps"),
+        os("3"),
+        os("--agreement-instances"),
+        os("32"),
+        os("--config"),
+        config.as_os_str(),
+    ]);
     let rows: Vec<&str> = stdout
         .lines()
         .filter(|l| l.starts_with(&format!("| {default} |")))
@@ -599,26 +605,14 @@ fn compare_backends_same_backend_agrees_exactly() {
 
     // A trained model (Kool's CVRP20, a `.pt`): its config (n = 20) and weights on both.
     let kool = data().join("kool-pretrained/cvrp_20/epoch-99.pt");
-    let out = routeburn()
-        .args([
-            "compare-backends",
-            "--steps",
-            "1",
-            "--agreement-instances",
-            "16",
-        ])
-        .arg("--backends")
-        .arg(format!("{default},{default}"))
-        .arg("--checkpoint")
-        .arg(&kool)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = compare_with_itself(&[
+        os("--steps"),
+        os("1"),
+        os("--agreement-instances"),
+        os("16"),
+        os("--checkpoint"),
+        kool.as_os_str(),
+    ]);
     assert!(stdout.contains("n = 20, batch 512"), "{stdout}");
     assert!(stdout.contains("| 0.00e0 | 0.00e0 | 0 | ok"), "{stdout}");
 

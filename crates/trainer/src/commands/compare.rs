@@ -7,8 +7,8 @@
 //! memory during that backend's run, and numerical agreement with the first backend:
 //! the first backend decodes the agreement instances greedily with the initial weights,
 //! every other backend scores those same tours ([`AttentionModel::follow`]), and the
-//! largest absolute difference in a tour's log-likelihood is compared with the pair's
-//! tolerance ([`tolerance`]). Instances, sampling noise and the initial weights come from
+//! largest difference in a tour's log-likelihood per step of the tour is compared with the
+//! pair's tolerance ([`tolerance`]). Instances, sampling noise and the initial weights come from
 //! the host, so the backends see identical inputs; a backend beyond the tolerance fails
 //! the comparison (exit status 1). How many of the backend's own greedy tours differ is
 //! reported too, but not judged: at a near-tie (common in an untrained model) any
@@ -413,7 +413,7 @@ fn compile_table(reports: &[BackendReport]) -> (String, bool) {
 /// rounded to TF32, as cuda's tensor-core matmuls read f32 on sm_80+ GPUs (no switch
 /// turns it off), by up to 3.8e-3 a step, the most on a trained model, whose sharp
 /// logits magnify the products' error.
-pub(crate) fn tolerance(a: Backend, b: Backend) -> f64 {
+fn tolerance(a: Backend, b: Backend) -> f64 {
     let own = |backend: Backend| -> f64 {
         match backend {
             Backend::Cuda => 2e-2,
