@@ -60,7 +60,7 @@ impl DeviceBatch {
     }
 
     /// The batch (no noise) whose coordinates, demands and capacities are views of `flat`,
-    /// which holds `batch`'s [`instance_values`](Self::instance_values). The views are
+    /// which starts with `batch`'s [`instance_values`](Self::instance_values). The views are
     /// issued anew on each call, so a decode that starts from them reads the buffer as it
     /// is then: views kept from an earlier decode can read a copy instead, since fusion
     /// stores a view it computed for a tensor that is still alive (seen on CubeCL's CPU
@@ -108,12 +108,13 @@ impl DeviceBatch {
         targets: Option<&[Vec<i64>]>,
         device: &Device,
     ) -> (Self, Option<DeviceTargets>) {
-        let (b, nodes) = (batch.size, batch.num_nodes());
+        let b = batch.size;
         let steps = max_decode_steps(batch.n);
         let noise_len = noise
             .as_ref()
             .map_or(0, |(s, _)| b * s.rows_per_instance * steps);
         let mut buffer = Self::instance_values(batch);
+        let instance_len = buffer.len();
         buffer.reserve(noise_len);
         let rows = if let Some((shape, rng)) = noise {
             // Strictly inside (0, 1): a zero would select a masked first node.
@@ -140,28 +141,19 @@ impl DeviceBatch {
         }
         let total = buffer.len();
         let flat = Tensor::<1>::from_data(TensorData::new(buffer, [total]), device);
-        let mut at = 0;
+        let instances = Self::from_flat(&flat, batch);
+        let mut at = instance_len;
         let mut take = |len: usize| {
             let t = flat.clone().slice(at..at + len);
             at += len;
             t
         };
-        let coords = take(b * nodes * 2).reshape([b, nodes, 2]);
-        let demands = take(b * nodes).reshape([b, nodes]);
-        let capacity = take(b).reshape([b, 1]);
         let noise = rows.map(|r| take(r * steps).reshape([r, steps]));
         let targets = target_len.map(|len| DeviceTargets {
             targets: take(b * len).reshape([b, len]).int(),
             valid: take(b * len).reshape([b, len]).greater_elem(0.5),
         });
-        let problem = Self {
-            coords,
-            demands,
-            capacity,
-            noise,
-            min_steps: min_decode_steps(batch),
-        };
-        (problem, targets)
+        (Self { noise, ..instances }, targets)
     }
 
     /// The instances `instances` of the batch, with their noise rows: one shard of a

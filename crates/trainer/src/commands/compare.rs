@@ -429,30 +429,28 @@ fn tolerance(a: Backend, b: Backend) -> f64 {
 /// differ.
 fn agreement(reference: &BackendReport, other: &BackendReport) -> (f64, f64, usize) {
     let rows = reference.log_likelihoods.len();
-    let steps_ref = reference.actions.len() / rows;
-    let steps_other = other.actions.len() / rows;
-    let tour = |a: &[i64], steps: usize, i: usize| -> Vec<i64> {
-        let mut t = a[i * steps..(i + 1) * steps].to_vec();
-        while t.last() == Some(&0) {
-            t.pop();
-        }
-        t
+    // Row i's tour: its actions without the trailing depot padding.
+    let tour = |actions: &[i64], i: usize| -> Vec<i64> {
+        let steps = actions.len() / rows;
+        let row = &actions[i * steps..(i + 1) * steps];
+        let end = row.iter().rposition(|&a| a != 0).map_or(0, |p| p + 1);
+        row[..end].to_vec()
     };
-    let differing = (0..rows)
-        .filter(|&i| tour(&reference.actions, steps_ref, i) != tour(&other.actions, steps_other, i))
-        .count();
-    let (mut absolute, mut per_step) = (0.0f64, 0.0f64);
-    for (i, (&a, &b)) in reference
-        .log_likelihoods
-        .iter()
-        .zip(&other.followed_log_likelihoods)
-        .enumerate()
-    {
-        let d = (a as f64 - b as f64).abs();
+    let (mut absolute, mut per_step, mut differing) = (0.0f64, 0.0f64, 0);
+    for i in 0..rows {
+        let reference_tour = tour(&reference.actions, i);
+        differing += usize::from(reference_tour != tour(&other.actions, i));
+        let (a, b) = (
+            reference.log_likelihoods[i] as f64,
+            other.followed_log_likelihoods[i] as f64,
+        );
         // NaN (and −∞, a tour the other backend masks) must fail, not vanish in a max.
-        let d = if d.is_nan() { f64::INFINITY } else { d };
+        let d = match (a - b).abs() {
+            d if d.is_nan() => f64::INFINITY,
+            d => d,
+        };
         absolute = absolute.max(d);
-        per_step = per_step.max(d / tour(&reference.actions, steps_ref, i).len().max(1) as f64);
+        per_step = per_step.max(d / reference_tour.len().max(1) as f64);
     }
     (absolute, per_step, differing)
 }
