@@ -21,6 +21,7 @@ use crate::decode::{rollout, DecodeOptions, DecodeOutput, Policy};
 use crate::decoder_step::{fused_on, fused_step, keys_by_feature, StepKernel};
 use crate::encoder::{per_node, GraphEncoder, GraphEncoderConfig};
 use crate::linear::matmul_rows;
+use crate::matmul::{product, MatmulPrecision};
 use crate::problem::DeviceBatch;
 use crate::state::{CvrpState, LoadArithmetic};
 
@@ -37,6 +38,10 @@ pub struct AttentionModelConfig {
     /// The fused decoder step where the backend has one, or Burn's ops one by one.
     #[config(default = "StepKernel::Fused")]
     pub decoder_step: StepKernel,
+    /// The device's own matrix products (TF32 on CUDA's tensor cores), or f32 accuracy
+    /// everywhere (three TF32 products each on CUDA).
+    #[config(default = "MatmulPrecision::High")]
+    pub matmul_precision: MatmulPrecision,
 }
 
 impl AttentionModelConfig {
@@ -44,7 +49,10 @@ impl AttentionModelConfig {
         let d = self.encoder.embed_dim;
         let no_bias = |i, o| LinearConfig::new(i, o).with_bias(false).init(device);
         AttentionModel {
-            encoder: self.encoder.init(device),
+            encoder: self
+                .encoder
+                .init(device)
+                .with_matmul_precision(self.matmul_precision),
             project_node_embeddings: no_bias(d, 3 * d),
             project_fixed_context: no_bias(d, d),
             project_step_context: no_bias(d + 1, d),
@@ -53,6 +61,7 @@ impl AttentionModelConfig {
             tanh_clipping: self.tanh_clipping,
             load_arithmetic: self.load_arithmetic,
             step_kernel: self.decoder_step,
+            matmul_precision: self.matmul_precision,
         }
     }
 }
@@ -76,6 +85,10 @@ pub struct AttentionModel {
     /// not depend on it beyond float rounding).
     #[module(skip)]
     step_kernel: StepKernel,
+    /// How the encoder's and the precomputation's products run where the device's
+    /// matmuls round ([`MatmulPrecision::on`]; not saved, as above).
+    #[module(skip)]
+    matmul_precision: MatmulPrecision,
 }
 
 /// Everything the decoder reuses at every step, computed once per batch.
@@ -105,6 +118,8 @@ pub struct Precomputed {
     by_feature: Option<Tensor<3>>,
     /// Rollouts per instance: S = n for a multi-start decode, else 1.
     starts: usize,
+    /// The products' precision on this device, for the op-by-op multi-start step.
+    precision: MatmulPrecision,
     /// `[B × S]` the first flattened node row of each rollout's instance (i · N): a step
     /// picks its last node's context row by `select`, a contiguous row copy, where a
     /// `gather` of `[B, S, d]` indices reads one index per float.
@@ -138,9 +153,24 @@ impl AttentionModel {
         options: &DecodeOptions,
         tours: Option<&Tensor<2, Int>>,
     ) -> DecodeOutput {
+        let precision = self.matmul_precision.on(&problem.coords.device());
+        self.decode_at(problem, options, tours, precision)
+    }
+
+    /// [`Self::decode_following`] with the products at `precision` whatever the device
+    /// (the tests split them on the CPU).
+    pub(crate) fn decode_at(
+        &self,
+        problem: &DeviceBatch,
+        options: &DecodeOptions,
+        tours: Option<&Tensor<2, Int>>,
+        precision: MatmulPrecision,
+    ) -> DecodeOutput {
         let n = problem.num_nodes() - 1;
-        let node_embeddings = self.encode(problem); // [B, N, d]
-        let pre = self.precompute(node_embeddings, options.rows_per_instance(n));
+        let node_embeddings =
+            self.encoder
+                .forward_at(problem.coords.clone(), problem.demand_fraction(), precision); // [B, N, d]
+        let pre = self.precompute_at(node_embeddings, options.rows_per_instance(n), precision);
         let temperature = options.temperature();
         rollout(problem, options, self.load_arithmetic, tours, |state| {
             self.step_log_probs(&pre, state, temperature)
@@ -162,14 +192,25 @@ impl AttentionModel {
     /// # Shapes
     /// - `node_embeddings`: `[B, N, d]`
     pub fn precompute(&self, node_embeddings: Tensor<3>, starts: usize) -> Precomputed {
+        let precision = self.matmul_precision.on(&node_embeddings.device());
+        self.precompute_at(node_embeddings, starts, precision)
+    }
+
+    /// [`Self::precompute`] with the products at `p` whatever the device.
+    fn precompute_at(
+        &self,
+        node_embeddings: Tensor<3>,
+        starts: usize,
+        p: MatmulPrecision,
+    ) -> Precomputed {
         let [b, n, d] = node_embeddings.dims();
         let device = node_embeddings.device();
         let heads = self.num_heads;
         let dk = d / heads;
         let graph_embedding = node_embeddings.clone().mean_dim(1).reshape([b, d]); // [B, d]
-        let fixed_context =
-            crate::linear::forward(&self.project_fixed_context, graph_embedding).reshape([b, 1, d]); // [B, 1, d]
-        let projected = per_node(&self.project_node_embeddings, node_embeddings.clone()); // [B, N, 3d]
+        let fixed_context = crate::linear::forward(&self.project_fixed_context, graph_embedding, p)
+            .reshape([b, 1, d]); // [B, 1, d]
+        let projected = per_node(&self.project_node_embeddings, node_embeddings.clone(), p); // [B, N, 3d]
 
         // The keys are scaled here once rather than the compatibilities at every step.
         let glimpse_keys = projected
@@ -191,6 +232,7 @@ impl AttentionModel {
         let last_node_context = matmul_rows(
             node_embeddings.reshape([b * n, d]),
             step_weight.clone().slice_dim(0, 0..d),
+            p,
         )
         .reshape([b, n, d]); // [B, N, d]
         let capacity_context = step_weight.slice_dim(0, d..d + 1).reshape([1, 1, d]); // [1, 1, d]
@@ -198,6 +240,7 @@ impl AttentionModel {
         let logit_keys = matmul_rows(
             (projected.slice_dim(2, 2 * d..3 * d) / (d as f64).sqrt()).reshape([b * n, d]),
             out_weight_t,
+            p,
         )
         .reshape([b, n, d]); // [B, N, d]
         let fused = self.step_kernel == StepKernel::Fused && fused_on(&device, n, heads, d);
@@ -212,6 +255,7 @@ impl AttentionModel {
             logit_keys,
             by_feature,
             starts,
+            precision: p,
             row_offsets: Tensor::<1, Int>::arange(0..(b * starts) as i64, &device)
                 .div_scalar(starts as i64)
                 .mul_scalar(n as i64),
@@ -227,6 +271,13 @@ impl AttentionModel {
     /// The model with its encoder's attention core run in `kernel`'s form.
     pub fn with_encoder_attention(mut self, kernel: StepKernel) -> Self {
         self.encoder = self.encoder.with_attention_kernel(kernel);
+        self
+    }
+
+    /// The model with its matrix products run at `precision`.
+    pub fn with_matmul_precision(mut self, precision: MatmulPrecision) -> Self {
+        self.encoder = self.encoder.with_matmul_precision(precision);
+        self.matmul_precision = precision;
         self
     }
 
@@ -291,7 +342,11 @@ impl AttentionModel {
         let logits = if s == 1 {
             (heads_out * pre.logit_keys.clone()).sum_dim(2) // [B, N, 1]
         } else {
-            heads_out.matmul(pre.logit_keys.clone().swap_dims(1, 2)) // [B, S, N]
+            product(
+                heads_out,
+                pre.logit_keys.clone().swap_dims(1, 2),
+                pre.precision,
+            ) // [B, S, N]
         }
         .reshape([r, n]); // [R, N]
         let clipped = logits.tanh() * self.tanh_clipping;
@@ -332,12 +387,11 @@ impl AttentionModel {
         }
         let q = query.reshape([b, s, heads, dk]).swap_dims(1, 2); // [B, H, S, dk]
         let keys = pre.glimpse_keys.clone().permute([0, 2, 3, 1]); // [B, H, dk, N]
-        let compatibility = q.matmul(keys); // [B, H, S, N]
+        let compatibility = product(q, keys, pre.precision); // [B, H, S, N]
         let head_mask = mask.reshape([b, 1, s, n]).expand([b, heads, s, n]); // [B, H, S, N]
         let attention = softmax(compatibility.mask_fill(head_mask, f32::NEG_INFINITY), 3); // [B, H, S, N]
         let values = pre.glimpse_values.clone().swap_dims(1, 2); // [B, H, N, dk]
-        attention
-            .matmul(values) // [B, H, S, dk]
+        product(attention, values, pre.precision) // [B, H, S, dk]
             .swap_dims(1, 2)
             .reshape([b, s, heads * dk]) // [B, S, d]
     }
@@ -356,7 +410,7 @@ mod tests {
     use super::*;
     use crate::backend::Backend;
     use crate::decoder_step::fused_on;
-    use crate::test_values::{pseudo_random, small_model};
+    use crate::test_values::{pseudo_random, read, small_model};
 
     /// Kool's decoder step written as he does, with matmuls on transposed keys: the
     /// reference for the broadcast-and-sum form the model uses.
@@ -537,6 +591,7 @@ mod tests {
                 logit_keys: logit_keys.clone(),
                 by_feature: None,
                 starts: s,
+                precision: MatmulPrecision::High,
                 row_offsets: Tensor::zeros([b * s], &device),
             };
             model.step_op_by_op(&pre, query.clone(), mask.clone(), case.temperature)
@@ -595,6 +650,63 @@ mod tests {
         ];
         for ((name, ours), reference) in names.iter().zip(&fused).zip(&reference) {
             assert_close_relative(name, ours, reference);
+        }
+    }
+
+    /// The products split in three (`highest`, made to run on the CPU, whose products are
+    /// exact already) decode as plain ones: the same tours, log-likelihoods within f32
+    /// rounding. Greedy and multi-start, with the fused step and op by op (where the
+    /// multi-start step's own products are split too).
+    #[test]
+    fn split_products_decode_as_plain_ones() {
+        use routeburn_data::{Generator, InstanceRng};
+        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let batch = Generator::uniform(10).sample_batch(&mut InstanceRng::new(5), 6);
+        let problem = DeviceBatch::upload(&batch, None, &device);
+        for step in [StepKernel::Fused, StepKernel::OpByOp] {
+            let model = small_model(&device).with_step_kernel(step);
+            for multi_start in [false, true] {
+                let options = DecodeOptions::greedy().with_multi_start(multi_start);
+                let plain = model.decode(&problem, &options);
+                let split = model.decode_at(&problem, &options, None, MatmulPrecision::Highest);
+                let case = format!("{step:?}, multi-start {multi_start}");
+                let tours = |o: &DecodeOutput| {
+                    o.actions
+                        .clone()
+                        .into_data()
+                        .try_into_vec_as::<i64>()
+                        .unwrap()
+                };
+                assert_eq!(tours(&plain), tours(&split), "{case}");
+                let (a, b) = (read(plain.log_likelihood), read(split.log_likelihood));
+                for (x, y) in a.iter().zip(&b) {
+                    assert!(
+                        (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+                        "{case}: {x} vs {y}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// `highest` runs where the device's matmuls round (CubeCL), and is `high` elsewhere.
+    #[test]
+    fn highest_splits_only_on_cubecl_devices() {
+        // cuda is compiled in but cannot start without a GPU: skipped then.
+        for (backend, device) in Backend::compiled()
+            .into_iter()
+            .filter_map(|b| b.device().ok().map(|d| (b, d)))
+        {
+            let expected = match backend {
+                Backend::Cuda | Backend::Cpu => MatmulPrecision::Highest,
+                Backend::Flex | Backend::Ndarray => MatmulPrecision::High,
+            };
+            assert_eq!(MatmulPrecision::Highest.on(&device), expected, "{backend}");
+            assert_eq!(
+                MatmulPrecision::High.on(&device),
+                MatmulPrecision::High,
+                "{backend}"
+            );
         }
     }
 

@@ -13,6 +13,7 @@ use burn::tensor::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::decoder_step::StepKernel;
+use crate::matmul::MatmulPrecision;
 use crate::self_attention;
 
 /// Which normalisation follows each skip connection.
@@ -57,6 +58,7 @@ impl GraphEncoderConfig {
             layers: (0..self.num_layers)
                 .map(|_| EncoderLayer::new(self, device))
                 .collect(),
+            precision: MatmulPrecision::High,
         }
     }
 }
@@ -68,6 +70,10 @@ pub struct GraphEncoder {
     /// `Linear(3, d)` on each customer's [x, y, demand / capacity].
     customer_embedding: Linear,
     layers: Vec<EncoderLayer>,
+    /// How the products run where the device's matmuls round (not saved: a run's numbers
+    /// do not depend on it beyond float rounding).
+    #[module(skip)]
+    precision: MatmulPrecision,
 }
 
 impl GraphEncoder {
@@ -79,14 +85,32 @@ impl GraphEncoder {
         self
     }
 
+    /// The encoder with its products run at `precision` ([`MatmulPrecision::on`]).
+    pub(crate) fn with_matmul_precision(mut self, precision: MatmulPrecision) -> Self {
+        self.precision = precision;
+        self
+    }
+
     /// Embeds every node and refines the embeddings.
     ///
     /// # Shapes
     /// - `coords`: `[B, N, 2]` (depot first), `demand_fraction`: `[B, N]`
     /// - output: `[B, N, d]` node embeddings
     pub fn forward(&self, coords: Tensor<3>, demand_fraction: Tensor<2>) -> Tensor<3> {
+        let precision = self.precision.on(&coords.device());
+        self.forward_at(coords, demand_fraction, precision)
+    }
+
+    /// [`Self::forward`] with the products at `p` whatever the device (the tests split
+    /// them on the CPU).
+    pub(crate) fn forward_at(
+        &self,
+        coords: Tensor<3>,
+        demand_fraction: Tensor<2>,
+        p: MatmulPrecision,
+    ) -> Tensor<3> {
         let [b, n, _] = coords.dims();
-        let depot = per_node(&self.depot_embedding, coords.clone().slice([0..b, 0..1])); // [B, 1, d]
+        let depot = per_node(&self.depot_embedding, coords.clone().slice([0..b, 0..1]), p); // [B, 1, d]
         let customer_features = Tensor::cat(
             vec![
                 coords.slice([0..b, 1..n]),
@@ -94,10 +118,10 @@ impl GraphEncoder {
             ],
             2,
         ); // [B, n, 3]
-        let customers = per_node(&self.customer_embedding, customer_features); // [B, n, d]
+        let customers = per_node(&self.customer_embedding, customer_features, p); // [B, n, d]
         let mut h = Tensor::cat(vec![depot, customers], 1); // [B, N, d]
         for layer in &self.layers {
-            h = layer.forward(h);
+            h = layer.forward(h, p);
         }
         h
     }
@@ -124,15 +148,18 @@ impl EncoderLayer {
         }
     }
 
+    /// Products at `p`.
+    ///
     /// # Shapes
     /// - `h`: `[B, N, d]` → `[B, N, d]`
-    pub fn forward(&self, h: Tensor<3>) -> Tensor<3> {
+    pub fn forward(&self, h: Tensor<3>, p: MatmulPrecision) -> Tensor<3> {
         let h = self
             .attention_norm
-            .forward(h.clone() + self.attention.forward(h));
+            .forward(h.clone() + self.attention.forward(h, p));
         let ff = per_node(
             &self.feed_forward_out,
-            relu(per_node(&self.feed_forward_in, h.clone())),
+            relu(per_node(&self.feed_forward_in, h.clone(), p)),
+            p,
         );
         self.feed_forward_norm.forward(h + ff)
     }
@@ -167,17 +194,20 @@ impl MultiHeadSelfAttention {
         }
     }
 
+    /// Products at `p`.
+    ///
     /// # Shapes
     /// - `h`: `[B, N, d]` → `[B, N, d]`
-    pub fn forward(&self, h: Tensor<3>) -> Tensor<3> {
-        let qkv = per_node(&self.qkv, h); // [B, N, 3d]
-        let attended =
-            if self.kernel == StepKernel::Fused && crate::backend::runs_on_flex(&qkv.device()) {
-                self_attention::fused(qkv, self.num_heads)
-            } else {
-                self_attention::op_by_op(qkv, self.num_heads)
-            }; // [B, N, d]
-        per_node(&self.out, attended) // [B, N, d]
+    pub fn forward(&self, h: Tensor<3>, p: MatmulPrecision) -> Tensor<3> {
+        let qkv = per_node(&self.qkv, h, p); // [B, N, 3d]
+                                             // The fused core is flex's, exact f32: nothing to split (but a test may ask).
+        let fused = self.kernel == StepKernel::Fused && crate::backend::runs_on_flex(&qkv.device());
+        let attended = if fused && p == MatmulPrecision::High {
+            self_attention::fused(qkv, self.num_heads)
+        } else {
+            self_attention::op_by_op(qkv, self.num_heads, p)
+        }; // [B, N, d]
+        per_node(&self.out, attended, p) // [B, N, d]
     }
 }
 
@@ -190,9 +220,9 @@ impl MultiHeadSelfAttention {
 ///
 /// # Shapes
 /// - `x`: `[B, N, in]` → `[B, N, out]`
-pub(crate) fn per_node(linear: &Linear, x: Tensor<3>) -> Tensor<3> {
+pub(crate) fn per_node(linear: &Linear, x: Tensor<3>, precision: MatmulPrecision) -> Tensor<3> {
     let [b, n, d_in] = x.dims();
-    let out = crate::linear::forward(linear, x.reshape([b * n, d_in])); // [B × N, out]
+    let out = crate::linear::forward(linear, x.reshape([b * n, d_in]), precision); // [B × N, out]
     let [_, d_out] = out.dims();
     out.reshape([b, n, d_out])
 }
@@ -274,7 +304,7 @@ mod tests {
             &device,
         );
 
-        let ours = per_node(&linear, x.clone());
+        let ours = per_node(&linear, x.clone(), MatmulPrecision::High);
         let burns = linear.forward(x.clone());
         let flat = |t: Tensor<3>| t.reshape([b * n, d_out]);
         assert_close(flat(ours.clone()), flat(burns.clone()), "output");

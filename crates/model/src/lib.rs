@@ -16,6 +16,7 @@ pub mod encoder;
 pub mod graph_capture;
 mod linear;
 mod mask_kernel;
+pub mod matmul;
 mod normalization;
 pub mod pointer_network;
 pub mod problem;
@@ -30,6 +31,7 @@ pub use backend::{runs_through_cubecl, Backend, BackendError};
 pub use decode::{decode_chunk, decode_in_chunks, DecodeOptions, DecodeOutput, Policy, Selection};
 pub use decoder_step::StepKernel;
 pub use encoder::{GraphEncoder, GraphEncoderConfig, Normalization};
+pub use matmul::MatmulPrecision;
 pub use pointer_network::{
     pointer_network_loss, pointer_network_nll_sum, PointerNetwork, PointerNetworkConfig,
     NODE_FEATURES,

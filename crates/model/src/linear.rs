@@ -13,11 +13,21 @@
 use burn::nn::Linear;
 use burn::tensor::Tensor;
 
-/// `linear` applied to the rows of `x`: the fused operation on flex, Burn's elsewhere.
+use crate::matmul::{self, MatmulPrecision};
+
+/// `linear` applied to the rows of `x`: the fused operation on flex, Burn's elsewhere, and
+/// at `highest` precision the split product ([`matmul`]) and the bias.
 ///
 /// # Shapes
 /// - `x`: `[R, in]` → `[R, out]`
-pub(crate) fn forward(linear: &Linear, x: Tensor<2>) -> Tensor<2> {
+pub(crate) fn forward(linear: &Linear, x: Tensor<2>, precision: MatmulPrecision) -> Tensor<2> {
+    if precision == MatmulPrecision::Highest {
+        let out = matmul::product(x, linear.weight.val(), precision); // [R, out]
+        return match &linear.bias {
+            Some(bias) => out + bias.val().unsqueeze_dim(0),
+            None => out,
+        };
+    }
     if crate::backend::runs_on_flex(&x.device()) {
         fused(
             x,
@@ -30,12 +40,18 @@ pub(crate) fn forward(linear: &Linear, x: Tensor<2>) -> Tensor<2> {
 }
 
 /// `x·weight` for a weight that is not a whole layer (a slice of one, a transpose): the
-/// fused operation on flex, Burn's matmul elsewhere.
+/// fused operation on flex, Burn's matmul elsewhere, the split product at `highest`.
 ///
 /// # Shapes
 /// - `x`: `[R, in]`, `weight`: `[in, out]` → `[R, out]`
-pub(crate) fn matmul_rows(x: Tensor<2>, weight: Tensor<2>) -> Tensor<2> {
-    if crate::backend::runs_on_flex(&x.device()) {
+pub(crate) fn matmul_rows(
+    x: Tensor<2>,
+    weight: Tensor<2>,
+    precision: MatmulPrecision,
+) -> Tensor<2> {
+    if precision == MatmulPrecision::Highest {
+        matmul::product(x, weight, precision)
+    } else if crate::backend::runs_on_flex(&x.device()) {
         fused(x, weight, None)
     } else {
         x.matmul(weight)
@@ -367,26 +383,27 @@ mod tests {
         }
     }
 
+    fn burns(layer: &Linear, x: Tensor<2>) -> Tensor<2> {
+        layer.forward(x)
+    }
+
+    fn fused_form(layer: &Linear, x: Tensor<2>) -> Tensor<2> {
+        fused(x, layer.weight.val(), layer.bias.as_ref().map(|b| b.val()))
+    }
+
     /// The output and the gradients of the input, weight and bias (empty when there is
-    /// none) under a loss that weighs every output entry differently.
+    /// none) under a loss that weighs every output entry differently, `run` computing
+    /// the layer.
     fn output_and_grads(
         device: &Device,
         [rows, d_in, d_out]: [usize; 3],
         bias: bool,
-        fused: bool,
+        run: fn(&Linear, Tensor<2>) -> Tensor<2>,
     ) -> [Vec<f32>; 4] {
         let layer = layer(device, [d_in, d_out], bias);
         let x = TensorData::new(pseudo_random(rows * d_in, 5, 2.0), [rows, d_in]);
         let x = Tensor::<2>::from_data(x, device).require_grad();
-        let out = if fused {
-            self::fused(
-                x.clone(),
-                layer.weight.val(),
-                layer.bias.as_ref().map(|b| b.val()),
-            )
-        } else {
-            layer.forward(x.clone())
-        };
+        let out = run(&layer, x.clone());
         let grads = weighted_loss_grads(&out, 6);
         let bias_grad = match &layer.bias {
             Some(b) => read(b.grad(&grads).expect("the bias is tracked")),
@@ -409,8 +426,8 @@ mod tests {
         assert!(crate::backend::runs_on_flex(&device));
         for size in [[1, 3, 5], [33, 128, 384], [37, 17, 9], [300, 200, 128]] {
             for bias in [true, false] {
-                let ours = output_and_grads(&device, size, bias, true);
-                let reference = output_and_grads(&device, size, bias, false);
+                let ours = output_and_grads(&device, size, bias, fused_form);
+                let reference = output_and_grads(&device, size, bias, burns);
                 let names = [
                     "output",
                     "input gradient",
@@ -433,7 +450,7 @@ mod tests {
                 .num_threads(threads)
                 .build()
                 .expect("a thread pool");
-            pool.install(|| output_and_grads(&device, [300, 200, 128], true, true))
+            pool.install(|| output_and_grads(&device, [300, 200, 128], true, fused_form))
         };
         assert_eq!(on(1), on(3));
     }
@@ -447,13 +464,38 @@ mod tests {
         let on = |device: &Device| {
             let layer = layer.clone().to_device(device);
             let x = Tensor::<2>::from_data(x.clone(), device);
-            read(forward(&layer, x))
+            read(forward(&layer, x, MatmulPrecision::High))
         };
         let plain = on(&device);
         assert_eq!(plain, on(&device.clone().autodiff()));
         let reference = read(layer.forward(Tensor::<2>::from_data(x.clone(), &device)));
         for (a, r) in plain.iter().zip(&reference) {
             assert!((a - r).abs() <= 1e-6, "{a} vs {r}");
+        }
+    }
+
+    /// At `highest` precision (three products of split operands, then the bias) the
+    /// output and every gradient of Burn's linear layer: the split passes gradients
+    /// through its head whole.
+    #[test]
+    fn highest_linear_matches_burns_with_gradients() {
+        fn highest(layer: &Linear, x: Tensor<2>) -> Tensor<2> {
+            forward(layer, x, MatmulPrecision::Highest)
+        }
+        let device = autodiff_device();
+        for size in [[1, 3, 5], [37, 17, 9], [33, 128, 384]] {
+            for bias in [true, false] {
+                let ours = output_and_grads(&device, size, bias, highest);
+                let reference = output_and_grads(&device, size, bias, burns);
+                let names = [
+                    "output",
+                    "input gradient",
+                    "weight gradient",
+                    "bias gradient",
+                ];
+                let case = format!("{size:?} bias {bias}");
+                assert_close(&ours, &reference, &names, &case, 1e-5);
+            }
         }
     }
 }

@@ -39,6 +39,7 @@ use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::decode::{repeat_rows, rollout, DecodeOptions, DecodeOutput, Policy};
 use crate::encoder::per_node;
+use crate::matmul::MatmulPrecision;
 use crate::problem::DeviceBatch;
 use crate::state::{CvrpState, LoadArithmetic};
 
@@ -237,7 +238,7 @@ impl PointerNetwork {
         let (outputs, states) = self
             .encoder
             .forward(assemble(static_features.clone(), dynamic), None); // [B, N, H]
-        let reference = per_node(&self.project_reference, outputs); // [B, N, H]
+        let reference = per_node(&self.project_reference, outputs, MatmulPrecision::High); // [B, N, H]
         (
             Encoded {
                 static_features,
@@ -263,7 +264,7 @@ impl PointerNetwork {
         let (output, lstm_states) = self.decoder.forward(input, lstm_states); // [R, 1, H]
         let query = self.project_query.forward(output); // [R, 1, H]
         let hidden = tanh_by_exp(encoded.reference.clone() + query.expand([r, n, h])); // [R, N, H]
-        let mut scores = per_node(&self.score, hidden).reshape([r, n]); // [R, N]
+        let mut scores = per_node(&self.score, hidden, MatmulPrecision::High).reshape([r, n]); // [R, N]
         if self.tanh_clipping > 0.0 {
             scores = scores.tanh() * self.tanh_clipping;
         }

@@ -11,7 +11,8 @@ use routeburn_cost::{Metric, Solution};
 use routeburn_data::{normalize_coords, Batch, Instance, InstanceRng};
 use routeburn_model::graph_capture::RecordedDecode;
 use routeburn_model::{
-    decode_chunk, decode_in_chunks, DecodeOptions, DeviceBatch, NoiseShape, Policy, RoutingModel,
+    decode_chunk, decode_in_chunks, DecodeOptions, DeviceBatch, MatmulPrecision, NoiseShape,
+    Policy, RoutingModel,
 };
 
 use crate::config::{Config, ModelConfig};
@@ -137,6 +138,18 @@ impl TrainedModel {
             self.config.model_kind(),
             self.checkpoint.display()
         );
+    }
+
+    /// The model with its products at `precision`, in its config too (`--matmul-precision`).
+    pub(crate) fn with_matmul_precision(
+        mut self,
+        precision: MatmulPrecision,
+    ) -> Result<Self, TrainError> {
+        self.config.set_matmul_precision(precision)?;
+        if let RoutingModel::Attention(model) = self.model {
+            self.model = model.with_matmul_precision(precision).into();
+        }
+        Ok(self)
     }
 
     /// Loads the latest checkpoint of the run in `run_dir` (or a checkpoint directory

@@ -511,6 +511,21 @@ fn pointer_network_train_eval_solve() {
     }
     solve_greedy_and_check(&run, "P/P-n16-k8", &dir.join("sols"));
 
+    // The pointer network has no split products: an error, not a silent no-op.
+    let out = routeburn()
+        .args(["eval", "--matmul-precision", "highest", "--checkpoint"])
+        .arg(&run)
+        .arg("--data")
+        .arg(data().join("validation/cvrp10.jsonl"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--matmul-precision highest") && stderr.contains("pointer network"),
+        "{stderr}"
+    );
+
     // An attention-model config pointed at the pointer network's checkpoint: an error that
     // names the file, not a panic.
     let ckpt_config = run.join("config.toml");
@@ -789,6 +804,24 @@ fn kool_checkpoint_import_eval_solve_init_from() {
         same * 100 >= 99 * kool.len(),
         "{same} of {} tours are Kool's",
         kool.len()
+    );
+    // With every product split in three (for CUDA's tensor cores): on the CPU the same
+    // solutions, to the printed digits.
+    let highest = routeburn()
+        .args(["eval", "--matmul-precision", "highest", "--checkpoint"])
+        .arg(&pt)
+        .arg("--data")
+        .arg(&val)
+        .output()
+        .unwrap();
+    assert!(
+        highest.status.success(),
+        "{}",
+        String::from_utf8_lossy(&highest.stderr)
+    );
+    assert_eq!(
+        stdout_value(&highest, "mean cost"),
+        stdout_value(&direct, "mean cost")
     );
 
     let run = dir.join("k20");

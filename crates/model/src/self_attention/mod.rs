@@ -17,12 +17,14 @@ mod flex_kernel;
 use burn::tensor::activation::softmax;
 use burn::tensor::Tensor;
 
+use crate::matmul::{product, MatmulPrecision};
+
 /// Every head's attention from one `[B, N, 3d]` projection (queries, keys, values, each
-/// head-major), with Burn's tensor operations: the reference.
+/// head-major), with Burn's tensor operations (the reference), products at `precision`.
 ///
 /// # Shapes
 /// - `qkv`: `[B, N, 3d]` → `[B, N, d]`
-pub(crate) fn op_by_op(qkv: Tensor<3>, heads: usize) -> Tensor<3> {
+pub(crate) fn op_by_op(qkv: Tensor<3>, heads: usize, precision: MatmulPrecision) -> Tensor<3> {
     let [b, n, three_d] = qkv.dims();
     let d = three_d / 3;
     let dk = d / heads;
@@ -31,8 +33,8 @@ pub(crate) fn op_by_op(qkv: Tensor<3>, heads: usize) -> Tensor<3> {
     let q = qkv.clone().slice_dim(1, 0..heads); // [B, H, N, dk]
     let k = qkv.clone().slice_dim(1, heads..2 * heads);
     let v = qkv.slice_dim(1, 2 * heads..3 * heads);
-    let compatibility = q.matmul(k.swap_dims(2, 3)) / (dk as f64).sqrt(); // [B, H, N, N]
-    let attended = softmax(compatibility, 3).matmul(v); // [B, H, N, dk]
+    let compatibility = product(q, k.swap_dims(2, 3), precision) / (dk as f64).sqrt(); // [B, H, N, N]
+    let attended = product(softmax(compatibility, 3), v, precision); // [B, H, N, dk]
     attended.swap_dims(1, 2).reshape([b, n, d]) // [B, N, d]
 }
 
@@ -192,7 +194,7 @@ mod tests {
         let out = if fused {
             self::fused(qkv.clone(), heads)
         } else {
-            op_by_op(qkv.clone(), heads)
+            op_by_op(qkv.clone(), heads, MatmulPrecision::High)
         };
         let grads = weighted_loss_grads(&out, 2);
         let grad = qkv.grad(&grads).expect("the projection is tracked");

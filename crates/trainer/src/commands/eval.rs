@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use clap::Args;
 use routeburn_data::{read_jsonl, read_sol, read_vrp, Instance, InstanceRng};
-use routeburn_model::{graph_capture, Backend};
+use routeburn_model::{graph_capture, Backend, MatmulPrecision};
 use statrs::statistics::{Data, Median};
 
 use crate::error::TrainError;
@@ -49,6 +49,11 @@ pub struct EvalArgs {
     /// backend records no graph (said on stderr). Greedy, multistart and aug8 only.
     #[arg(long, conflicts_with = "graph_probe")]
     pub graph: bool,
+    /// `highest`: every product of the attention model at f32 accuracy, as three TF32
+    /// products on CUDA's tensor cores (about 3× the matmul work); `high`: the device's own
+    /// (TF32 on CUDA). Default: the model's `model.matmul_precision`.
+    #[arg(long, value_parser = super::matmul_precision_parser())]
+    pub matmul_precision: Option<MatmulPrecision>,
 }
 
 /// An instance to evaluate and the cost it is measured against.
@@ -116,7 +121,10 @@ pub(crate) fn reference_beside(vrp: &Path) -> Result<Option<f64>, TrainError> {
 pub(crate) fn run(args: EvalArgs) -> Result<ExitCode, TrainError> {
     let backend = Backend::resolve(args.backend.as_deref())?;
     let device = backend.device()?;
-    let trained = TrainedModel::load(&args.checkpoint, &device)?;
+    let mut trained = TrainedModel::load(&args.checkpoint, &device)?;
+    if let Some(precision) = args.matmul_precision {
+        trained = trained.with_matmul_precision(precision)?;
+    }
     trained.announce();
     let (items, normalize) = load_items(&args.data)?;
     if args.graph_probe {

@@ -3,6 +3,7 @@
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use routeburn_cost::Metric;
+use routeburn_model::MatmulPrecision;
 
 use crate::inference::Strategy;
 
@@ -20,6 +21,11 @@ pub(crate) mod train;
 /// when the command runs).
 pub(crate) fn backend_parser() -> PossibleValuesParser {
     PossibleValuesParser::new(["ndarray", "flex", "cuda", "cpu"])
+}
+
+/// `--matmul-precision`: `high` or `highest` (the config's `model.matmul_precision`).
+pub(crate) fn matmul_precision_parser() -> impl TypedValueParser<Value = MatmulPrecision> {
+    PossibleValuesParser::new(["high", "highest"]).try_map(|s| s.parse::<MatmulPrecision>())
 }
 
 /// `--metric`: how a solution is costed.

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use routeburn_data::HeuristicConfig;
 use routeburn_data::{Generator, GeneratorConfig};
 use routeburn_model::{
-    AttentionModelConfig, GraphEncoderConfig, LoadArithmetic, Normalization, PointerNetworkConfig,
-    StepKernel,
+    AttentionModelConfig, GraphEncoderConfig, LoadArithmetic, MatmulPrecision, Normalization,
+    PointerNetworkConfig, StepKernel,
 };
 use serde::{Deserialize, Serialize};
 
@@ -119,6 +119,14 @@ pub struct AttentionConfig {
     /// flex) or `op-by-op`.
     #[serde(skip_serializing_if = "is_fused")]
     pub encoder_attention: StepKernel,
+    /// `high` (the device's own matrix products: TF32 on CUDA's tensor cores) or
+    /// `highest` (f32 accuracy: each product as three TF32 products on CUDA).
+    #[serde(skip_serializing_if = "is_high")]
+    pub matmul_precision: MatmulPrecision,
+}
+
+fn is_high(p: &MatmulPrecision) -> bool {
+    *p == MatmulPrecision::High
 }
 
 fn is_fused(k: &StepKernel) -> bool {
@@ -139,12 +147,31 @@ impl Default for AttentionConfig {
             load_arithmetic: m.load_arithmetic,
             decoder_step: m.decoder_step,
             encoder_attention: m.encoder.encoder_attention,
+            matmul_precision: m.matmul_precision,
         }
     }
 }
 
 fn is_false(b: &bool) -> bool {
     !*b
+}
+
+impl Config {
+    /// Sets `model.matmul_precision` (`--matmul-precision`). The pointer network's products
+    /// (its LSTMs' among them) run at the device's own precision, `high`.
+    pub fn set_matmul_precision(&mut self, precision: MatmulPrecision) -> Result<(), TrainError> {
+        match (&mut self.model, precision) {
+            (ModelConfig::Attention(a), _) => a.matmul_precision = precision,
+            (ModelConfig::Pointer(_), MatmulPrecision::High) => {}
+            (ModelConfig::Pointer(_), MatmulPrecision::Highest) => {
+                return Err(TrainError::Input(
+                    "--matmul-precision highest: only the attention model has it; this is the pointer network (high only)"
+                        .into(),
+                ))
+            }
+        }
+        Ok(())
+    }
 }
 
 impl AttentionConfig {
@@ -163,6 +190,7 @@ impl AttentionConfig {
             .with_tanh_clipping(self.tanh_clipping)
             .with_load_arithmetic(self.load_arithmetic)
             .with_decoder_step(self.decoder_step)
+            .with_matmul_precision(self.matmul_precision)
     }
 }
 
