@@ -167,9 +167,8 @@ impl AttentionModel {
         precision: MatmulPrecision,
     ) -> DecodeOutput {
         let n = problem.num_nodes() - 1;
-        let node_embeddings =
-            self.encoder
-                .forward_at(problem.coords.clone(), problem.demand_fraction(), precision); // [B, N, d]
+        let (coords, demand_fraction) = (problem.coords.clone(), problem.demand_fraction());
+        let node_embeddings = self.encoder.forward_at(coords, demand_fraction, precision); // [B, N, d]
         let pre = self.precompute_at(node_embeddings, options.rows_per_instance(n), precision);
         let temperature = options.temperature();
         rollout(problem, options, self.load_arithmetic, tours, |state| {
