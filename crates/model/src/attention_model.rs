@@ -776,6 +776,45 @@ mod tests {
         }
     }
 
+    /// On CubeCL's CPU runtime `highest` runs the split products through CubeCL's matmul and
+    /// fusion, as on CUDA: flex's plain decode's tours, log-likelihoods within f32 rounding.
+    #[cfg(all(feature = "cpu", feature = "flex"))]
+    #[test]
+    fn cube_decode_at_highest_matches_flex() {
+        use burn::module::Module;
+        use routeburn_data::{Generator, InstanceRng};
+        let (flex, cpu) = (
+            Backend::Flex.device().unwrap(),
+            Backend::Cpu.device().unwrap(),
+        );
+        let batch = Generator::uniform(12).sample_batch(&mut InstanceRng::new(8), 5);
+        let model = small_model(&flex);
+        let split = model
+            .clone()
+            .to_device(&cpu)
+            .with_matmul_precision(MatmulPrecision::Highest);
+        for multi_start in [false, true] {
+            let options = DecodeOptions::greedy().with_multi_start(multi_start);
+            let plain = model.decode(&DeviceBatch::upload(&batch, None, &flex), &options);
+            let ours = split.decode(&DeviceBatch::upload(&batch, None, &cpu), &options);
+            // Each row's tour without its depot padding: CubeCL devices run all 2n steps.
+            let tours = |o: &DecodeOutput| -> Vec<Vec<i64>> {
+                let [_, t] = o.actions.dims();
+                let data = o.actions.clone().into_data();
+                let actions = data.try_into_vec_as::<i64>().unwrap();
+                let trim = |row: &[i64]| {
+                    row[..row.iter().rposition(|&a| a != 0).map_or(0, |p| p + 1)].to_vec()
+                };
+                actions.chunks(t).map(trim).collect()
+            };
+            assert_eq!(tours(&plain), tours(&ours), "multi-start {multi_start}");
+            let (a, b) = (read(plain.log_likelihood), read(ours.log_likelihood));
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "{x} vs {y}");
+            }
+        }
+    }
+
     /// A multi-start step reads each instance's keys for its S rollouts; the same step on
     /// embeddings repeated S times, one rollout each, is the reference.
     #[test]

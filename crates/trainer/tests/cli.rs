@@ -618,7 +618,8 @@ fn compare_backends_same_backend_agrees_exactly() {
         assert_eq!(cells[2], cells[3], "{line}");
     }
 
-    // A trained model (Kool's CVRP20, a `.pt`): its config (n = 20) and weights on both.
+    // A trained model (Kool's CVRP20, a `.pt`): its config (n = 20) and weights on both,
+    // its products at `highest` (the same as `high` on a CPU backend).
     let kool = data().join("kool-pretrained/cvrp_20/epoch-99.pt");
     let stdout = compare_with_itself(&[
         os("--steps"),
@@ -627,17 +628,24 @@ fn compare_backends_same_backend_agrees_exactly() {
         os("16"),
         os("--checkpoint"),
         kool.as_os_str(),
+        os("--matmul-precision"),
+        os("highest"),
     ]);
     assert!(stdout.contains("n = 20, batch 512"), "{stdout}");
+    assert!(stdout.contains("matmul precision highest"), "{stdout}");
     assert!(stdout.contains("| 0.00e0 | 0.00e0 | 0 | ok"), "{stdout}");
 
     // Refused with exit status 2 and a message saying why.
-    let refusals: [(&[&str], &str); 6] = [
+    let refusals: [(&[&str], &str); 7] = [
         (
             &["--checkpoint", "a.pt", "--config", "b.toml"],
             "cannot be used with",
         ),
         (&["--steps", "0"], "--steps must be at least 1"),
+        (
+            &["--matmul-precision", "fastest"],
+            "invalid value 'fastest' for '--matmul-precision",
+        ),
         (
             &["--backends", "tpu"],
             "invalid value 'tpu' for '--backends <BACKENDS>'",
