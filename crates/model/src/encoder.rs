@@ -200,8 +200,8 @@ impl MultiHeadSelfAttention {
     /// - `h`: `[B, N, d]` → `[B, N, d]`
     pub fn forward(&self, h: Tensor<3>, p: MatmulPrecision) -> Tensor<3> {
         let qkv = per_node(&self.qkv, h, p); // [B, N, 3d]
-                                             // The fused core is flex's, exact f32: nothing to split (but a test may ask).
         let fused = self.kernel == StepKernel::Fused && crate::backend::runs_on_flex(&qkv.device());
+        // flex's fused core is exact f32: split products there only when a test asks.
         let attended = if fused && p == MatmulPrecision::High {
             self_attention::fused(qkv, self.num_heads)
         } else {

@@ -417,27 +417,35 @@ mod tests {
         ]
     }
 
-    /// Within 1e-5 of Burn's linear layer relative to each tensor's largest entry, with
-    /// and without a bias, for one row, for sizes that are not whole vectors, and for one
-    /// large enough for gemm to split it across threads.
-    #[test]
-    fn fused_linear_matches_burns_with_gradients() {
+    /// `run`'s output and gradients within 1e-5 of Burn's linear layer, relative to each
+    /// tensor's largest entry, at each `[rows, in, out]` size, with and without a bias.
+    fn assert_matches_burns(run: fn(&Linear, Tensor<2>) -> Tensor<2>, sizes: &[[usize; 3]]) {
         let device = autodiff_device();
         assert!(crate::backend::runs_on_flex(&device));
-        for size in [[1, 3, 5], [33, 128, 384], [37, 17, 9], [300, 200, 128]] {
+        let names = [
+            "output",
+            "input gradient",
+            "weight gradient",
+            "bias gradient",
+        ];
+        for &size in sizes {
             for bias in [true, false] {
-                let ours = output_and_grads(&device, size, bias, fused_form);
+                let ours = output_and_grads(&device, size, bias, run);
                 let reference = output_and_grads(&device, size, bias, burns);
-                let names = [
-                    "output",
-                    "input gradient",
-                    "weight gradient",
-                    "bias gradient",
-                ];
                 let case = format!("{size:?} bias {bias}");
                 assert_close(&ours, &reference, &names, &case, 1e-5);
             }
         }
+    }
+
+    /// Burn's numbers for one row, for sizes that are not whole vectors, and for one
+    /// large enough for gemm to split it across threads.
+    #[test]
+    fn fused_linear_matches_burns_with_gradients() {
+        assert_matches_burns(
+            fused_form,
+            &[[1, 3, 5], [33, 128, 384], [37, 17, 9], [300, 200, 128]],
+        );
     }
 
     /// gemm splits a large product across threads by output blocks, never by the sum:
@@ -482,20 +490,6 @@ mod tests {
         fn highest(layer: &Linear, x: Tensor<2>) -> Tensor<2> {
             forward(layer, x, MatmulPrecision::Highest)
         }
-        let device = autodiff_device();
-        for size in [[1, 3, 5], [37, 17, 9], [33, 128, 384]] {
-            for bias in [true, false] {
-                let ours = output_and_grads(&device, size, bias, highest);
-                let reference = output_and_grads(&device, size, bias, burns);
-                let names = [
-                    "output",
-                    "input gradient",
-                    "weight gradient",
-                    "bias gradient",
-                ];
-                let case = format!("{size:?} bias {bias}");
-                assert_close(&ours, &reference, &names, &case, 1e-5);
-            }
-        }
+        assert_matches_burns(highest, &[[1, 3, 5], [37, 17, 9], [33, 128, 384]]);
     }
 }

@@ -511,16 +511,15 @@ fn pointer_network_train_eval_solve() {
     }
     solve_greedy_and_check(&run, "P/P-n16-k8", &dir.join("sols"));
 
+    // `eval` of the run refused with exit status 2; its stderr.
+    let refused = |extra: &[&str]| {
+        let val = data().join("validation/cvrp10.jsonl");
+        let out = eval_checkpoint_with(&run, &val, None, extra);
+        assert_eq!(out.status.code(), Some(2));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
     // The pointer network has no split products: an error, not a silent no-op.
-    let out = routeburn()
-        .args(["eval", "--matmul-precision", "highest", "--checkpoint"])
-        .arg(&run)
-        .arg("--data")
-        .arg(data().join("validation/cvrp10.jsonl"))
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refused(&["--matmul-precision", "highest"]);
     assert!(
         stderr.contains("--matmul-precision highest") && stderr.contains("pointer network"),
         "{stderr}"
@@ -530,15 +529,7 @@ fn pointer_network_train_eval_solve() {
     // names the file, not a panic.
     let ckpt_config = run.join("config.toml");
     std::fs::write(&ckpt_config, attention_model_section(&resolved)).unwrap();
-    let out = routeburn()
-        .args(["eval", "--checkpoint"])
-        .arg(&run)
-        .arg("--data")
-        .arg(data().join("validation/cvrp10.jsonl"))
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refused(&[]);
     assert!(
         stderr.contains("model.bpk") && stderr.contains("attention"),
         "{stderr}"
@@ -724,8 +715,20 @@ fn stdout_value(out: &std::process::Output, key: &str) -> String {
 
 /// `routeburn eval --checkpoint CHECKPOINT --data DATA [--out CSV]` (greedy).
 fn eval_checkpoint(checkpoint: &Path, data: &Path, csv: Option<&Path>) -> std::process::Output {
+    eval_checkpoint_with(checkpoint, data, csv, &[])
+}
+
+/// [`eval_checkpoint`] with `extra` flags.
+fn eval_checkpoint_with(
+    checkpoint: &Path,
+    data: &Path,
+    csv: Option<&Path>,
+    extra: &[&str],
+) -> std::process::Output {
     let mut cmd = routeburn();
-    cmd.args(["eval", "--checkpoint"])
+    cmd.arg("eval")
+        .args(extra)
+        .arg("--checkpoint")
         .arg(checkpoint)
         .arg("--data")
         .arg(data);
@@ -813,15 +816,9 @@ fn kool_checkpoint_import_eval_solve_init_from() {
         "{same} of {} tours are Kool's",
         kool.len()
     );
-    // With every product split in three (for CUDA's tensor cores): on the CPU the same
-    // solutions, to the printed digits.
-    let highest = routeburn()
-        .args(["eval", "--matmul-precision", "highest", "--checkpoint"])
-        .arg(&pt)
-        .arg("--data")
-        .arg(&val)
-        .output()
-        .unwrap();
+    // At `highest` (products split in three for CUDA's tensor cores; the same as `high`
+    // on the CPU backends, whose products are exact) the same solutions.
+    let highest = eval_checkpoint_with(&pt, &val, None, &["--matmul-precision", "highest"]);
     assert!(
         highest.status.success(),
         "{}",

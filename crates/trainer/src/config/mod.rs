@@ -156,24 +156,6 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
-impl Config {
-    /// Sets `model.matmul_precision` (`--matmul-precision`). The pointer network's products
-    /// (its LSTMs' among them) run at the device's own precision, `high`.
-    pub fn set_matmul_precision(&mut self, precision: MatmulPrecision) -> Result<(), TrainError> {
-        match (&mut self.model, precision) {
-            (ModelConfig::Attention(a), _) => a.matmul_precision = precision,
-            (ModelConfig::Pointer(_), MatmulPrecision::High) => {}
-            (ModelConfig::Pointer(_), MatmulPrecision::Highest) => {
-                return Err(TrainError::Input(
-                    "--matmul-precision highest: only the attention model has it; this is the pointer network (high only)"
-                        .into(),
-                ))
-            }
-        }
-        Ok(())
-    }
-}
-
 impl AttentionConfig {
     pub fn model_config(&self) -> AttentionModelConfig {
         AttentionModelConfig::new()
@@ -636,6 +618,22 @@ impl Config {
 
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).expect("configs serialise")
+    }
+
+    /// Sets `model.matmul_precision` (`--matmul-precision`). The pointer network's products
+    /// (its LSTMs' among them) run at the device's own precision, `high`.
+    pub fn set_matmul_precision(&mut self, precision: MatmulPrecision) -> Result<(), TrainError> {
+        match (&mut self.model, precision) {
+            (ModelConfig::Attention(a), _) => a.matmul_precision = precision,
+            (ModelConfig::Pointer(_), MatmulPrecision::High) => {}
+            (ModelConfig::Pointer(_), MatmulPrecision::Highest) => {
+                return Err(TrainError::Input(
+                    "--matmul-precision highest: only the attention model has it; this is the pointer network (high only)"
+                        .into(),
+                ))
+            }
+        }
+        Ok(())
     }
 
     pub fn model_kind(&self) -> ModelKind {
