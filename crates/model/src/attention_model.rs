@@ -49,10 +49,7 @@ impl AttentionModelConfig {
         let d = self.encoder.embed_dim;
         let no_bias = |i, o| LinearConfig::new(i, o).with_bias(false).init(device);
         AttentionModel {
-            encoder: self
-                .encoder
-                .init(device)
-                .with_matmul_precision(self.matmul_precision),
+            encoder: self.encoder.init(device),
             project_node_embeddings: no_bias(d, 3 * d),
             project_fixed_context: no_bias(d, d),
             project_step_context: no_bias(d + 1, d),
@@ -168,7 +165,7 @@ impl AttentionModel {
     ) -> DecodeOutput {
         let n = problem.num_nodes() - 1;
         let (coords, demand_fraction) = (problem.coords.clone(), problem.demand_fraction());
-        let node_embeddings = self.encoder.forward_at(coords, demand_fraction, precision); // [B, N, d]
+        let node_embeddings = self.encoder.forward(coords, demand_fraction, precision); // [B, N, d]
         let pre = self.precompute_at(node_embeddings, options.rows_per_instance(n), precision);
         let temperature = options.temperature();
         rollout(problem, options, self.load_arithmetic, tours, |state| {
@@ -181,8 +178,9 @@ impl AttentionModel {
     /// # Shapes
     /// - output: `[B, N, d]`
     pub fn encode(&self, problem: &DeviceBatch) -> Tensor<3> {
-        self.encoder
-            .forward(problem.coords.clone(), problem.demand_fraction())
+        let precision = self.matmul_precision.on(&problem.coords.device());
+        let (coords, demand_fraction) = (problem.coords.clone(), problem.demand_fraction());
+        self.encoder.forward(coords, demand_fraction, precision)
     }
 
     /// The decoder's per-batch work, done once before the first step, for `starts`
@@ -275,7 +273,6 @@ impl AttentionModel {
 
     /// The model with its matrix products run at `precision`.
     pub fn with_matmul_precision(mut self, precision: MatmulPrecision) -> Self {
-        self.encoder = self.encoder.with_matmul_precision(precision);
         self.matmul_precision = precision;
         self
     }

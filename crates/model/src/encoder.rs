@@ -58,7 +58,6 @@ impl GraphEncoderConfig {
             layers: (0..self.num_layers)
                 .map(|_| EncoderLayer::new(self, device))
                 .collect(),
-            precision: MatmulPrecision::High,
         }
     }
 }
@@ -70,10 +69,6 @@ pub struct GraphEncoder {
     /// `Linear(3, d)` on each customer's [x, y, demand / capacity].
     customer_embedding: Linear,
     layers: Vec<EncoderLayer>,
-    /// How the products run where the device's matmuls round (not saved: a run's numbers
-    /// do not depend on it beyond float rounding).
-    #[module(skip)]
-    precision: MatmulPrecision,
 }
 
 impl GraphEncoder {
@@ -85,25 +80,13 @@ impl GraphEncoder {
         self
     }
 
-    /// The encoder with its products run at `precision` ([`MatmulPrecision::on`]).
-    pub(crate) fn with_matmul_precision(mut self, precision: MatmulPrecision) -> Self {
-        self.precision = precision;
-        self
-    }
-
-    /// Embeds every node and refines the embeddings.
+    /// Embeds every node and refines the embeddings, the products at `p` (the model's
+    /// precision on this device, [`MatmulPrecision::on`]; the tests split them on the CPU).
     ///
     /// # Shapes
     /// - `coords`: `[B, N, 2]` (depot first), `demand_fraction`: `[B, N]`
     /// - output: `[B, N, d]` node embeddings
-    pub fn forward(&self, coords: Tensor<3>, demand_fraction: Tensor<2>) -> Tensor<3> {
-        let precision = self.precision.on(&coords.device());
-        self.forward_at(coords, demand_fraction, precision)
-    }
-
-    /// [`Self::forward`] with the products at `p` whatever the device (the tests split
-    /// them on the CPU).
-    pub(crate) fn forward_at(
+    pub fn forward(
         &self,
         coords: Tensor<3>,
         demand_fraction: Tensor<2>,
