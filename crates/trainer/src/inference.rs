@@ -281,9 +281,11 @@ fn decode_batch(
 
 /// `eval --graph`: batches of one size decoded through a decode recorded as a device graph
 /// (CUDA graphs) on the first of them and replayed on each next one, its instances written
-/// into the recorded inputs. A batch of another size (the last, partial one) decodes
-/// eagerly, and so does every batch where the backend records no graph (said once, on
-/// stderr, with the reason).
+/// into the recorded inputs (`eval` pads a last, partial batch to that size on CubeCL
+/// devices: [`padded_batch`]). A batch of another size decodes eagerly, and so does every
+/// batch where the backend records no graph (said once, on stderr, with the reason). One
+/// recording per evaluation: it costs four decodes, more than it saves on a size met once
+/// (a directory of CVRPLIB instances).
 pub(crate) struct GraphSolver<'a, P: Policy> {
     model: &'a P,
     strategy: Strategy,
@@ -359,6 +361,31 @@ impl<'a, P: Policy + Sync> GraphSolver<'a, P> {
         let problem = DeviceBatch::upload(batch, None, device);
         decode_batch(self.model, batch, &problem, options, device)
     }
+}
+
+/// The instances a batch of `part` (one of `chunks` of at most `chunk` instances of one n)
+/// is decoded as. On a CubeCL device (`pad`) a last, partial batch after full ones is
+/// padded with copies of its last instance to `chunk`: a batch of another size has other
+/// shapes, which CubeCL explores and autotunes again (measured on its CPU runtime: 10
+/// fusion explorations and 10 autotunes, each ~15 compiled candidates, for a last batch of
+/// 20 after two of 40) and which a device graph recorded on the full size cannot replay,
+/// while the copies' rows cost a GPU little. The caller keeps the first `part.len()`
+/// solutions.
+pub(crate) fn padded_batch<'i>(
+    part: &[&'i Instance],
+    chunk: usize,
+    chunks: usize,
+    pad: bool,
+) -> Vec<&'i Instance> {
+    let last = *part.last().expect("a batch has an instance");
+    let copies = match pad && chunks > 1 {
+        true => chunk.saturating_sub(part.len()),
+        false => 0,
+    };
+    part.iter()
+        .copied()
+        .chain(std::iter::repeat_n(last, copies))
+        .collect()
 }
 
 /// Each instance's best row of `parts`, the `[rows, steps]` actions of a decode of `batch`
@@ -476,4 +503,56 @@ fn expand(
         }
     }
     Ok(expanded)
+}
+
+#[cfg(test)]
+mod tests {
+    use routeburn_data::Generator;
+    use routeburn_model::Backend;
+
+    use super::*;
+    use crate::config::AttentionConfig;
+
+    #[test]
+    fn a_partial_batch_is_padded_with_its_last_instance_on_cubecl_devices_only() {
+        let mut rng = InstanceRng::new(1);
+        let set = Generator::uniform(5).sample_many(&mut rng, 3, "i");
+        let part: Vec<&Instance> = set.iter().collect();
+        let names = |v: Vec<&Instance>| v.iter().map(|i| i.name().to_string()).collect::<Vec<_>>();
+        let (i0, i1, i2) = ("i000000", "i000001", "i000002");
+        assert_eq!(names(padded_batch(&part, 5, 2, true)), [i0, i1, i2, i2, i2]);
+        // Not on flex or ndarray, not for a batch that is the only one, not when full.
+        assert_eq!(names(padded_batch(&part, 5, 2, false)), [i0, i1, i2]);
+        assert_eq!(names(padded_batch(&part, 5, 1, true)), [i0, i1, i2]);
+        assert_eq!(names(padded_batch(&part, 3, 2, true)), [i0, i1, i2]);
+    }
+
+    /// What padding a partial batch relies on: an instance's solution does not depend on the
+    /// other rows of its batch (no batch statistics in the encoder, no row's decode cut
+    /// short by another's), so the padded batch's first solutions are the unpadded one's.
+    #[test]
+    fn a_padded_batch_solves_its_instances_as_the_unpadded_one() {
+        let device = Backend::resolve(Some("flex")).unwrap().device().unwrap();
+        let model =
+            RoutingModel::Attention(AttentionConfig::default().model_config().init(&device));
+        let mut rng = InstanceRng::new(7);
+        let set = Generator::uniform(12).sample_many(&mut rng, 3, "i");
+        let refs: Vec<&Instance> = set.iter().collect();
+        for strategy in ["greedy", "multistart", "aug8"] {
+            let strategy: Strategy = strategy.parse().unwrap();
+            let mut solve = |instances: &[&Instance]| {
+                solve_batch(
+                    &model, instances, strategy, false, None, 1, &mut rng, &device,
+                )
+                .unwrap()
+            };
+            let alone = solve(&refs);
+            let padded = solve(&padded_batch(&refs, 8, 2, true));
+            assert_eq!(padded.len(), 8);
+            for (a, p) in alone.iter().zip(&padded) {
+                assert_eq!(a.solution, p.solution, "{strategy}");
+                assert_eq!(a.cost, p.cost, "{strategy}");
+            }
+        }
+    }
 }

@@ -11,7 +11,9 @@ use statrs::statistics::{Data, Median};
 
 use crate::error::TrainError;
 use crate::evaluate::mean;
-use crate::inference::{solve_batch, upload_batch, GraphSolver, Solved, Strategy, TrainedModel};
+use crate::inference::{
+    padded_batch, solve_batch, upload_batch, GraphSolver, Solved, Strategy, TrainedModel,
+};
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
@@ -30,7 +32,9 @@ pub struct EvalArgs {
     /// as actions, `0` between routes).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Most decoder rows (instances × samples × symmetries × starts) in one batch.
+    /// Most decoder rows (instances × samples × symmetries × starts) in one batch. On cuda
+    /// (and cpu) a last, partial batch is padded with copies of an instance to the others'
+    /// size, so that no new shapes are compiled for it.
     #[arg(long, default_value_t = 8192)]
     pub max_rows: usize,
     #[arg(long, value_parser = super::backend_parser())]
@@ -45,8 +49,9 @@ pub struct EvalArgs {
     pub graph_probe: bool,
     /// Decode through a device graph (CUDA graphs): the first batch's decode is recorded
     /// once and replayed on each next batch of the same size, its instances written into
-    /// the recorded inputs; other batches decode eagerly, and so does everything where the
-    /// backend records no graph (said on stderr). Greedy, multistart and aug8 only.
+    /// the recorded inputs (the last, partial one is padded to that size on CUDA); batches
+    /// of another instance size decode eagerly, and so does everything where the backend
+    /// records no graph (said on stderr). Greedy, multistart and aug8 only.
     #[arg(long, conflicts_with = "graph_probe")]
     pub graph: bool,
     /// `highest`: every product of the attention model at f32 accuracy, as three TF32
@@ -131,7 +136,7 @@ pub(crate) fn run(args: EvalArgs) -> Result<ExitCode, TrainError> {
         return graph_probe(&args, &trained, &items, normalize, (backend, &device));
     }
     let start = Instant::now();
-    let (results, replays) = solve_all(&args, &trained, &items, normalize, &device)?;
+    let (results, replays) = solve_all(&args, &trained, &items, normalize, (backend, &device))?;
     let seconds = start.elapsed().as_secs_f64();
 
     let costs: Vec<f64> = results.iter().map(|r| r.cost).collect();
@@ -166,16 +171,18 @@ pub(crate) fn run(args: EvalArgs) -> Result<ExitCode, TrainError> {
 }
 
 /// Solves every item, in batches of one instance size of at most `--max-rows` decoder
-/// rows; results in the items' order, and with `--graph` how many of how many batches
-/// replayed the device graph.
+/// rows (on CubeCL devices, a last partial batch padded to the others' size); results in
+/// the items' order, and with `--graph` how many of how many batches replayed the device
+/// graph.
 fn solve_all(
     args: &EvalArgs,
     trained: &TrainedModel,
     items: &[EvalItem],
     normalize: bool,
-    device: &burn::tensor::Device,
+    (backend, device): (Backend, &burn::tensor::Device),
 ) -> Result<(Vec<Solved>, Option<GraphReplays>), TrainError> {
     let check_every = trained.config.training.decode_check_every;
+    let pad = backend.is_cubecl();
     let mut graph = match args.graph {
         true => Some(GraphSolver::new(
             &trained.model,
@@ -195,14 +202,16 @@ fn solve_all(
     for (n, idx) in by_n {
         let rows_each = args.strategy.rows_per_instance(n);
         let chunk = (args.max_rows / rows_each).max(1);
+        let chunks = idx.len().div_ceil(chunk);
         for part in idx.chunks(chunk) {
             let instances: Vec<&Instance> = part.iter().map(|&i| &items[i].instance).collect();
+            let decoded = padded_batch(&instances, chunk, chunks, pad);
             batches += 1;
             let solved = match graph.as_mut() {
-                Some(graph) => graph.solve(&instances, device)?,
+                Some(graph) => graph.solve(&decoded, device)?,
                 None => solve_batch(
                     &trained.model,
-                    &instances,
+                    &decoded,
                     args.strategy,
                     normalize,
                     None,
@@ -211,6 +220,7 @@ fn solve_all(
                     device,
                 )?,
             };
+            // The zip leaves out the padding's solutions.
             for (&i, s) in part.iter().zip(solved) {
                 results[i] = Some(s);
             }
