@@ -95,6 +95,22 @@ impl Batch {
         ))
     }
 
+    /// This batch followed by copies of its last instance, `size` instances in all (a copy
+    /// of itself when it has as many or more): a partial batch given a full one's shapes,
+    /// whose copies' results the caller drops.
+    pub fn padded(&self, size: usize) -> Batch {
+        let copies = size.saturating_sub(self.size);
+        let nodes = self.num_nodes();
+        Self {
+            size: self.size + copies,
+            n: self.n,
+            coords: with_last_repeated(&self.coords, nodes * 2, copies),
+            demands: with_last_repeated(&self.demands, nodes, copies),
+            node_demands: with_last_repeated(&self.node_demands, nodes, copies),
+            capacities: with_last_repeated(&self.capacities, 1, copies),
+        }
+    }
+
     /// Coordinates of instance `i` as `[N]` f64 points, for costing with the evaluator.
     pub fn instance_coords(&self, i: usize) -> Vec<[f64; 2]> {
         let nodes = self.num_nodes();
@@ -103,6 +119,17 @@ impl Batch {
             .map(|p| [p[0] as f64, p[1] as f64])
             .collect()
     }
+}
+
+/// `values` followed by `copies` copies of its last `per` values.
+fn with_last_repeated<T: Copy>(values: &[T], per: usize, copies: usize) -> Vec<T> {
+    let last = &values[values.len() - per..];
+    let mut out = Vec::with_capacity(values.len() + copies * per);
+    out.extend_from_slice(values);
+    for _ in 0..copies {
+        out.extend_from_slice(last);
+    }
+    out
 }
 
 /// Maps points into the unit square, keeping the aspect ratio: translated to the bounding

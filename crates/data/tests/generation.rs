@@ -68,6 +68,18 @@ fn sample_batch_equals_batched_samples() {
 }
 
 #[test]
+fn a_padded_batch_is_the_batch_of_its_instances_and_copies_of_the_last() {
+    let g = Generator::uniform(7);
+    let instances = g.sample_many(&mut InstanceRng::new(3), 3, "p");
+    let batch = Batch::from_instances(&instances).unwrap();
+    let [a, b, c] = [&instances[0], &instances[1], &instances[2]];
+    let expected = Batch::from_instances([a, b, c, c, c]).unwrap();
+    assert_eq!(batch.padded(5), expected);
+    assert_eq!(batch.padded(3), batch);
+    assert_eq!(batch.padded(2), batch);
+}
+
+#[test]
 fn bad_instances_and_generators_are_errors() {
     assert_eq!(
         Instance::new("x", [0.0, 0.0], vec![], vec![], 10),

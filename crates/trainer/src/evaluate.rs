@@ -4,7 +4,9 @@
 use burn::tensor::{Device, Int, Tensor, TensorData, Transaction};
 use routeburn_cost::{batch_costs, validate_batch, ActionIndex};
 use routeburn_data::Batch;
-use routeburn_model::{decode_chunk, decode_in_chunks, DecodeOptions, DeviceBatch, Policy};
+use routeburn_model::{
+    decode_chunk, decode_in_chunks, runs_through_cubecl, DecodeOptions, DeviceBatch, Policy,
+};
 
 use crate::error::TrainError;
 use crate::shards::{in_parallel, Shards};
@@ -77,7 +79,9 @@ pub(crate) fn best_per_instance(costs: &[f64], rows_per_instance: usize) -> Vec<
 
 /// Decodes every batch with `model` (an inference copy, see `Module::valid`), each batch
 /// split into `shards` decoded side by side, and returns each instance's best validated
-/// cost.
+/// cost. On CubeCL devices a batch smaller than the first (the last) is decoded padded to
+/// the first's size, as `eval` does (`inference::padded_batch`: a new size has new shapes,
+/// explored and autotuned again); the copies' costs are dropped.
 pub(crate) fn decode_costs(
     model: &(impl Policy + Sync),
     batches: &[Batch],
@@ -85,17 +89,24 @@ pub(crate) fn decode_costs(
     device: &Device,
     shards: Shards,
 ) -> Result<Vec<f64>, TrainError> {
+    let full = match runs_through_cubecl(device) {
+        true => batches.first().map_or(0, |b| b.size),
+        false => 0,
+    };
     let mut costs = Vec::new();
     for batch in batches {
-        let problem = DeviceBatch::upload(batch, None, device);
-        let chunk = decode_chunk(device, batch.n + 1);
-        let parts = in_parallel(shards.ranges(batch.size), |range| {
+        let padded = (batch.size < full).then(|| batch.padded(full));
+        let decoded = padded.as_ref().unwrap_or(batch);
+        let problem = DeviceBatch::upload(decoded, None, device);
+        let chunk = decode_chunk(device, decoded.n + 1);
+        let parts = in_parallel(shards.ranges(decoded.size), |range| {
             decode_in_chunks(model, &problem, range, options, chunk)
         });
-        let rows = options.rows_per_instance(batch.n);
+        let rows = options.rows_per_instance(decoded.n);
         let (actions, steps) = join_rows(download_ints(parts.into_iter().flatten().collect()));
-        let row_costs = validated_costs(batch, &actions, steps, rows)?;
-        costs.extend(best_per_instance(&row_costs, rows));
+        let row_costs = validated_costs(decoded, &actions, steps, rows)?;
+        let best = best_per_instance(&row_costs, rows);
+        costs.extend_from_slice(&best[..batch.size]);
     }
     Ok(costs)
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use clap::Args;
 use routeburn_data::{read_jsonl, read_sol, read_vrp, Instance, InstanceRng};
-use routeburn_model::{graph_capture, Backend, MatmulPrecision};
+use routeburn_model::{graph_capture, runs_through_cubecl, Backend, MatmulPrecision};
 use statrs::statistics::{Data, Median};
 
 use crate::error::TrainError;
@@ -136,7 +136,7 @@ pub(crate) fn run(args: EvalArgs) -> Result<ExitCode, TrainError> {
         return graph_probe(&args, &trained, &items, normalize, (backend, &device));
     }
     let start = Instant::now();
-    let (results, replays) = solve_all(&args, &trained, &items, normalize, (backend, &device))?;
+    let (results, replays) = solve_all(&args, &trained, &items, normalize, &device)?;
     let seconds = start.elapsed().as_secs_f64();
 
     let costs: Vec<f64> = results.iter().map(|r| r.cost).collect();
@@ -179,10 +179,10 @@ fn solve_all(
     trained: &TrainedModel,
     items: &[EvalItem],
     normalize: bool,
-    (backend, device): (Backend, &burn::tensor::Device),
+    device: &burn::tensor::Device,
 ) -> Result<(Vec<Solved>, Option<GraphReplays>), TrainError> {
     let check_every = trained.config.training.decode_check_every;
-    let pad = backend.is_cubecl();
+    let pad = runs_through_cubecl(device);
     let mut graph = match args.graph {
         true => Some(GraphSolver::new(
             &trained.model,
