@@ -17,6 +17,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 static KERNEL_CACHE: AtomicBool = AtomicBool::new(true);
 
@@ -152,6 +153,9 @@ pub struct CompileCounts {
     pub explorations: usize,
     /// Matmul and reduce shapes autotuned (each benchmarks ~15 compiled candidates).
     pub autotunes: usize,
+    /// Wall time the autotunes spent on their candidates: each candidate's first launch
+    /// compiles it, then its samples are timed (CubeCL's `TuningStep` events).
+    pub tuning: Duration,
     /// PTX files in `$CUBECL_CUDA_DUMP_PTX`, one per kernel CUDA loaded, when it is set.
     pub ptx_kernels: Option<usize>,
 }
@@ -171,9 +175,12 @@ impl CompileCounts {
                     .count()
             })
         });
+        let decisions = std::fs::read_to_string(dir.join(AUTOTUNE_LOG)).unwrap_or_default();
+        let decisions: Vec<&str> = decisions.lines().filter(|l| l.contains('{')).collect();
         Self {
             explorations: lines_with(FUSION_LOG, "exploration completed"),
-            autotunes: lines_with(AUTOTUNE_LOG, "{"),
+            autotunes: decisions.len(),
+            tuning: decisions.iter().map(|d| tuning_time(d)).sum(),
             ptx_kernels,
         }
     }
@@ -183,12 +190,33 @@ impl CompileCounts {
         Self {
             explorations: self.explorations - earlier.explorations,
             autotunes: self.autotunes - earlier.autotunes,
+            tuning: self.tuning.saturating_sub(earlier.tuning),
             ptx_kernels: self
                 .ptx_kernels
                 .zip(earlier.ptx_kernels)
                 .map(|(a, b)| a - b),
         }
     }
+}
+
+/// The time one autotune decision (a line of CubeCL's decisions log) spent on its
+/// candidates: the sum of its `log_context.events[].TuningStep` durations, each written as
+/// `[name, {"secs": S, "nanos": N}]`. A line that does not parse counts as no time.
+fn tuning_time(decision: &str) -> Duration {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(decision) else {
+        return Duration::ZERO;
+    };
+    let events = value["log_context"]["events"].as_array();
+    events
+        .into_iter()
+        .flatten()
+        .filter_map(|event| {
+            let wall = &event["TuningStep"][1];
+            let secs = wall["secs"].as_u64()?;
+            let nanos = u32::try_from(wall["nanos"].as_u64()?).ok()?;
+            Some(Duration::new(secs, nanos))
+        })
+        .sum()
 }
 
 #[cfg(test)]
@@ -210,14 +238,21 @@ mod tests {
                       [plan] cache hit: execute plan #0\n\
                       [plan] exploration completed: sync, 1/1 ops optimized\n";
         std::fs::write(dir.join(FUSION_LOG), fusion).unwrap();
-        std::fs::write(dir.join(AUTOTUNE_LOG), "{\"key\":1}\n").unwrap();
+        // Two decisions as CubeCL writes them (cubecl-runtime 0.11 `tune/log.rs`), cut to
+        // the fields read: 1.5 s + 0.25 s of candidates, then 2 ms; a third line is torn.
+        let decisions = r#"{"key":{"m":16},"log_context":{"limit":null,"events":[{"TuningStep":["gemm_a",{"secs":1,"nanos":500000000}]},{"ShortCircuit":"gemm_a"},{"TuningStep":["gemm_b",{"secs":0,"nanos":250000000}]}]}}
+{"key":{"Sum":{"length":16}},"log_context":{"events":[{"TuningStep":["sum_one_shot",{"secs":0,"nanos":2000000}]}]}}
+{"key":{"m":"#;
+        std::fs::write(dir.join(AUTOTUNE_LOG), decisions).unwrap();
         let counts = CompileCounts::read(&dir);
-        assert_eq!((counts.explorations, counts.autotunes), (2, 1));
+        assert_eq!((counts.explorations, counts.autotunes), (2, 3));
+        assert_eq!(counts.tuning, Duration::from_millis(1752));
         let later = CompileCounts {
             explorations: 5,
             ..counts
         };
         assert_eq!(later.since(counts).explorations, 3);
+        assert_eq!(later.since(counts).tuning, Duration::ZERO);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -390,14 +390,15 @@ fn compile_table(reports: &[BackendReport]) -> (String, bool) {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "\ncompiles (fusion explorations / autotuned shapes / PTX kernels loaded); step 2 is \
-         the first with Adam's moments, so it explores the optimizer's new stream once:\n"
+        "\ncompiles (fusion explorations / autotuned shapes / PTX kernels loaded, and the \
+         seconds the autotunes spent compiling and timing their candidates); step 2 is the \
+         first with Adam's moments, so it explores the optimizer's new stream once:\n"
     );
     let _ = writeln!(
         s,
-        "| backend | step 1 | step 2 | steps 3.. | compiled once |"
+        "| backend | step 1 | step 2 | steps 3.. | autotuning s (1 / 2 / 3..) | compiled once |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|");
     let mut all_once = true;
     for (backend, c) in counted {
         let show = |c: CompileCounts| {
@@ -407,12 +408,16 @@ fn compile_table(reports: &[BackendReport]) -> (String, bool) {
         let once = c.later.explorations == 0 && c.later.autotunes == 0;
         all_once &= once;
         let verdict = if once { "yes" } else { "NO" };
+        let tuning = |c: CompileCounts| format!("{:.1}", c.tuning.as_secs_f64());
         let _ = writeln!(
             s,
-            "| {backend} | {} | {} | {} | {verdict} |",
+            "| {backend} | {} | {} | {} | {} / {} / {} | {verdict} |",
             show(c.first),
             show(c.second),
-            show(c.later)
+            show(c.later),
+            tuning(c.first),
+            tuning(c.second),
+            tuning(c.later)
         );
     }
     (s, all_once)
@@ -607,6 +612,7 @@ fn peak_rss() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn report(backend: Backend, ll: Vec<f32>, actions: Vec<i64>) -> BackendReport {
         BackendReport {
@@ -625,6 +631,7 @@ mod tests {
         let counts = |explorations, autotunes| CompileCounts {
             explorations,
             autotunes,
+            tuning: Duration::from_millis(1200 * autotunes as u64),
             ptx_kernels: None,
         };
         let steps = |later| StepCompiles {
@@ -639,11 +646,11 @@ mod tests {
         let flex = report(Backend::Flex, vec![], vec![]);
         let (table, ok) = compile_table(&[flex, once]);
         assert!(ok, "{table}");
-        let row = "| cpu | 40 / 3 / - | 5 / 0 / - | 0 / 0 / - | yes |";
+        let row = "| cpu | 40 / 3 / - | 5 / 0 / - | 0 / 0 / - | 3.6 / 0.0 / 0.0 | yes |";
         assert!(table.contains(row), "{table}");
         let (table, ok) = compile_table(&[again]);
         assert!(!ok);
-        let row = "| cuda | 40 / 3 / - | 5 / 0 / - | 2 / 0 / - | NO |";
+        let row = "| cuda | 40 / 3 / - | 5 / 0 / - | 2 / 0 / - | 3.6 / 0.0 / 0.0 | NO |";
         assert!(table.contains(row), "{table}");
         assert_eq!(
             compile_table(&[report(Backend::Flex, vec![], vec![])]),
