@@ -151,7 +151,9 @@ pub struct CompileCounts {
     /// Op streams that missed the fusion plan cache and were explored (each new plan is
     /// then compiled into kernels).
     pub explorations: usize,
-    /// Matmul and reduce shapes autotuned (each benchmarks ~15 compiled candidates).
+    /// Matmul and reduce shapes autotuned. Each times its candidates (up to ~15 on CUDA, 2
+    /// for a matmul on CubeCL's CPU runtime), compiling those whose kernel no earlier shape
+    /// compiled.
     pub autotunes: usize,
     /// Wall time the autotunes spent on their candidates: each candidate's first launch
     /// compiles it, then its samples are timed (CubeCL's `TuningStep` events).
