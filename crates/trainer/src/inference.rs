@@ -367,8 +367,8 @@ impl<'a, P: Policy + Sync> GraphSolver<'a, P> {
 /// is decoded as. On a CubeCL device (`pad`) a last, partial batch after full ones is
 /// padded with copies of its last instance to `chunk`: a batch of another size has other
 /// shapes, which CubeCL explores and autotunes again (measured on its CPU runtime: 10
-/// fusion explorations and 10 autotunes, each ~15 compiled candidates, for a last batch of
-/// 20 after two of 40) and which a device graph recorded on the full size cannot replay,
+/// fusion explorations and 10 autotuned shapes for a last batch of 20 after two of 40) and
+/// which a device graph recorded on the full size cannot replay,
 /// while the copies' rows cost a GPU little. The caller keeps the first `part.len()`
 /// solutions.
 pub(crate) fn padded_batch<'i>(
