@@ -1026,6 +1026,16 @@ fn interrupted_runs_resume_exactly() {
     assert_eq!(latest, "epoch-0001");
     assert!(resume(&run, &[]).status.success());
     assert_eq!(metric_numbers(&run), metric_numbers(&whole));
+
+    // Resuming a finished run says so, trains nothing and keeps its metrics.
+    let out = resume(&run, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success()
+            && stderr.contains("has finished its training (epochs = 2): nothing to do"),
+        "{stderr}"
+    );
+    assert_eq!(metric_numbers(&run), metric_numbers(&whole));
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -1350,5 +1360,106 @@ fn rl4co_checkpoint_eval_and_import() {
     let (lightning, stderr) = eval(&data().join("rl4co/am-cvrp20-lightning.ckpt"));
     assert_eq!(lightning.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("torch.save({'state_dict'"), "{stderr}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `routeburn train` with the embedded default config works in a directory without the
+/// repository's data: it validates on the built-in copy of `data/validation/cvrp10.jsonl`,
+/// which gives the numbers `eval` gets from the repository's file. A run started in the
+/// repository resumes from another working directory (its `config.toml` names the
+/// validation file by its absolute path).
+#[test]
+fn runs_start_and_resume_in_any_working_directory() {
+    let dir = tmp("anywhere");
+    let run = dir.join("default");
+    let out = routeburn()
+        .current_dir(&dir)
+        .args(["train", "--epochs", "1", "--run-dir"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stderr.contains("using the copy built into routeburn"),
+        "{stderr}"
+    );
+    let row = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    let fields: Vec<String> = row
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split(',')
+        .map(String::from)
+        .collect();
+    let (val_cost, val_gap) = (&fields[6], &fields[7]);
+    let eval = eval_checkpoint_with(
+        &run,
+        &data().join("validation/cvrp10.jsonl"),
+        None,
+        &["--strategy", "multistart"],
+    );
+    assert!(eval.status.success());
+    assert_eq!(
+        &format!(
+            "{:.6}",
+            stdout_value(&eval, "mean cost").parse::<f64>().unwrap()
+        ),
+        val_cost
+    );
+    let gap: f64 = stdout_value(&eval, "mean gap")
+        .trim_end_matches('%')
+        .parse()
+        .unwrap();
+    let recorded: f64 = val_gap.parse().unwrap();
+    assert!(
+        (gap - recorded).abs() < 6e-3,
+        "eval {gap}% against {recorded}%"
+    );
+
+    // Started from the repository root with a shipped config, resumed from elsewhere.
+    let config = dir.join("tiny.toml");
+    std::fs::write(
+        &config,
+        TINY_RUN
+            .replace("[problem]\nn = 6\n", "[problem]\nn = 10\n")
+            .replace(
+                "[validation]\nsize = 32\n",
+                "[validation]\nfile = \"data/validation/cvrp10.jsonl\"\n",
+            ),
+    )
+    .unwrap();
+    let repo = data().join("..");
+    let run = dir.join("from-repo");
+    let out = routeburn()
+        .current_dir(&repo)
+        .args(["train", "--epochs", "1", "-q", "--config"])
+        .arg(&config)
+        .arg("--run-dir")
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let written = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    let pinned = std::fs::canonicalize(data().join("validation/cvrp10.jsonl")).unwrap();
+    assert!(
+        written.contains(&format!("file = \"{}\"", pinned.display())),
+        "{written}"
+    );
+    let out = routeburn()
+        .current_dir(&dir)
+        .args(["train", "--epochs", "2", "--resume"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !stderr.contains("built into"),
+        "{stderr}"
+    );
+    assert_eq!(metric_rows(&run).len(), 2);
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -160,11 +160,13 @@ fn plan(args: &TrainArgs) -> Result<Plan, TrainError> {
                 config.model_kind()
             )));
         }
+        // Runs made before input paths were pinned name them relative to where they
+        // started, usually an ancestor of the run directory (`runs/NAME` in a checkout).
         return Ok(Plan {
             config,
             run_dir: dir.clone(),
             resume: true,
-            config_dir: None,
+            config_dir: std::path::absolute(dir).ok(),
         });
     }
     let (config, stem, config_dir) = match &args.config {

@@ -20,6 +20,14 @@ use crate::error::TrainError;
 /// finish in about two minutes on 2 CPU cores while the validation cost visibly falls.
 pub const DEFAULT_CONFIG: &str = include_str!("../../../../configs/default.toml");
 
+/// The embedded default config's `validation.file`, and the file itself: a run of the
+/// default config validates against it from any working directory (`routeburn train`
+/// outside the repository), and resumes there too.
+pub(crate) const DEFAULT_VALIDATION_FILE: (&str, &[u8]) = (
+    "data/validation/cvrp10.jsonl",
+    include_bytes!("../../../../data/validation/cvrp10.jsonl"),
+);
+
 /// A whole training config. `[model]` says which model (and so which training method:
 /// `[reinforce]` for the attention model, `[supervised]` for the pointer network).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

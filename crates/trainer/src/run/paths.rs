@@ -2,6 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::config::Config;
+
 /// `path` as given if it exists, else relative to the config's directory or one of its
 /// parents (the shipped configs in `configs/` name files from the repository root, so they
 /// work from any working directory).
@@ -15,4 +17,27 @@ pub(crate) fn resolve(path: &Path, config_dir: Option<&Path>) -> PathBuf {
         .map(|d| d.join(path))
         .find(|p| p.exists())
         .unwrap_or_else(|| path.to_path_buf())
+}
+
+/// Makes a new run's input files absolute before its `config.toml` is written, so that a
+/// resume from another working directory finds them: `validation.file` where it was found
+/// (a missing one is left as given, for the validation set's error or the embedded
+/// default's copy), `supervised.labels_file` where it is or where the run will write it.
+pub(crate) fn pin_input_paths(config: &mut Config, config_dir: Option<&Path>) {
+    if let Some(file) = &config.validation.file {
+        let found = resolve(file, config_dir);
+        if let (true, Ok(path)) = (found.exists(), std::fs::canonicalize(&found)) {
+            config.validation.file = Some(path);
+        }
+    }
+    if let Some(file) = &config.supervised.labels_file {
+        let found = resolve(file, config_dir);
+        let pinned = match found.exists() {
+            true => std::fs::canonicalize(&found),
+            false => std::path::absolute(&found),
+        };
+        if let Ok(path) = pinned {
+            config.supervised.labels_file = Some(path);
+        }
+    }
 }

@@ -31,6 +31,7 @@ use crate::run::lock::RunLock;
 use crate::run::lr_schedule::{LrSchedule, RunPosition};
 use crate::run::method::{RunRngs, Setup, StepContext, StepLoss, StepStats, TrainingMethod};
 use crate::run::metrics::{append_metrics, truncate_metrics, EpochMetrics, Phase, PhaseTimes};
+use crate::run::paths::pin_input_paths;
 use crate::run::progress::{epoch_bar, print_summary};
 use crate::run::validation::ValidationSet;
 use crate::shards::ShardedStep;
@@ -131,6 +132,9 @@ fn remove_made(made: &[PathBuf]) {
 /// Runs (or resumes) a run of method `M` to completion.
 pub(crate) fn run<M: TrainingMethod>(mut opts: TrainOptions) -> Result<TrainSummary, TrainError> {
     opts.config.training.shards = Some(resolve_shards(&opts));
+    if !opts.resume {
+        pin_input_paths(&mut opts.config, opts.config_dir.as_deref());
+    }
     let t = &opts.config.training;
     let last_epoch = opts.stop_after_epochs.map_or(t.epochs, |s| s.min(t.epochs));
     // A run refused before it trains (bad precision, a missing validation file, unreadable
@@ -150,6 +154,8 @@ pub(crate) fn run<M: TrainingMethod>(mut opts: TrainOptions) -> Result<TrainSumm
     let mut history = Vec::new();
     if run.opts.resume && run.time_is_up_at(run.elapsed_before) {
         run.say_time_is_up(None);
+    } else if run.opts.resume && run.start_epoch >= run.opts.config.training.epochs {
+        run.say_epochs_done();
     } else {
         if run.opts.resume {
             announce_resume(&run.opts, &run.metrics_path, run.start_epoch)?;
@@ -271,8 +277,12 @@ impl<M: TrainingMethod> Run<M> {
             &model,
         )?;
         let start_epoch = resumed.as_ref().map_or(0, |(_, s)| s.epochs_completed);
-        let validation =
-            ValidationSet::load(config, &config.generator()?, opts.config_dir.as_deref())?;
+        let validation = ValidationSet::load(
+            config,
+            &config.generator()?,
+            opts.config_dir.as_deref(),
+            opts.verbose,
+        )?;
         Ok(Self {
             elapsed_before: resumed.as_ref().map_or(0.0, |(_, s)| s.elapsed_seconds),
             best: resumed.as_ref().and_then(|(_, s)| s.best),
@@ -426,6 +436,21 @@ impl<M: TrainingMethod> Run<M> {
             ),
             None => eprintln!("time limit {limit} already reached: nothing to train{best}"),
         }
+    }
+
+    /// A resumed run that had already trained all its epochs.
+    fn say_epochs_done(&self) {
+        if !self.opts.verbose {
+            return;
+        }
+        let best = self
+            .best
+            .map_or(String::new(), |b| format!("; best: {}", b.describe()));
+        let epochs = self.opts.config.training.epochs;
+        eprintln!(
+            "{} has finished its training (epochs = {epochs}): nothing to do; `--epochs N` with N > {epochs} continues it{best}",
+            self.opts.run_dir.display(),
+        );
     }
 
     /// Where an epoch starts: from scratch, or where an interrupted one stopped (first

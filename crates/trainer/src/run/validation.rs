@@ -3,10 +3,10 @@
 use std::path::Path;
 
 use burn::tensor::Device;
-use routeburn_data::{read_jsonl, Batch, Generator, InstanceRng};
+use routeburn_data::{read_jsonl, Batch, DatasetReader, Generator, InstanceRng};
 use routeburn_model::{DecodeOptions, Policy};
 
-use crate::config::{Config, ValidationStrategy};
+use crate::config::{Config, ValidationStrategy, DEFAULT_VALIDATION_FILE};
 use crate::error::TrainError;
 use crate::evaluate::{batches_of, decode_costs, mean};
 use crate::run::paths::resolve;
@@ -25,6 +25,7 @@ impl ValidationSet {
         config: &Config,
         generator: &Generator,
         config_dir: Option<&Path>,
+        verbose: bool,
     ) -> Result<Self, TrainError> {
         let v = &config.validation;
         let shards = Shards::of(&config.training);
@@ -41,16 +42,26 @@ impl ValidationSet {
             });
         };
         let path = resolve(file, config_dir);
-        if !path.exists() {
-            let beside = config_dir.map_or(String::new(), |d| {
-                format!(" nor in {} or a parent directory", d.display())
-            });
-            return Err(TrainError::Input(format!(
-                "validation.file = \"{}\": no such file in the working directory{beside}",
-                file.display()
-            )));
-        }
-        let records = read_jsonl(&path)?;
+        let (embedded_name, embedded) = DEFAULT_VALIDATION_FILE;
+        let records = match (path.exists(), file == Path::new(embedded_name)) {
+            (true, _) => read_jsonl(&path)?,
+            (false, true) => {
+                if verbose {
+                    eprintln!("validation: {embedded_name} is not in the working directory; using the copy built into routeburn");
+                }
+                DatasetReader::new(embedded, format!("(built in) {embedded_name}"))
+                    .collect::<Result<_, _>>()?
+            }
+            (false, false) => {
+                let beside = config_dir.map_or(String::new(), |d| {
+                    format!(" nor in {} or a parent directory", d.display())
+                });
+                return Err(TrainError::Input(format!(
+                    "validation.file = \"{}\": no such file in the working directory{beside}",
+                    file.display()
+                )));
+            }
+        };
         let n = config.problem.n;
         let bad = |message: String| {
             TrainError::Input(format!("validation.file {}: {message}", path.display()))
