@@ -57,10 +57,16 @@ pub fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e}");
+            let mut said = e.to_string();
+            eprintln!("error: {said}");
             let mut source = std::error::Error::source(&e);
+            // A file error's message already ends with the OS's reason; say each once.
             while let Some(s) = source {
-                eprintln!("  caused by: {s}");
+                let cause = s.to_string();
+                if !said.contains(&cause) {
+                    eprintln!("  caused by: {cause}");
+                    said.push_str(&cause);
+                }
                 source = s.source();
             }
             ExitCode::from(exit_code(&e))

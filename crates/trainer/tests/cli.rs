@@ -111,7 +111,7 @@ fn check_exit_codes() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.vrp:6"), "{err}");
-    // Missing file and bad flag.
+    // Missing file (named once, the OS's reason said once) and bad flag.
     let out = routeburn()
         .arg("check")
         .arg(dir.join("nope.vrp"))
@@ -119,6 +119,15 @@ fn check_exit_codes() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        (
+            err.matches("nope.vrp").count(),
+            err.matches("No such file").count()
+        ),
+        (1, 1),
+        "{err}"
+    );
     let out = routeburn()
         .args(["check", "--metric", "manhattan"])
         .arg(&vrp)
@@ -404,7 +413,8 @@ fn train_eval_solve_check() {
         );
     }
 
-    // An instance without coordinates fails on its own; the others are still solved.
+    // An instance without coordinates and a missing file fail on their own, each named
+    // once; the others are still solved.
     let mixed = dir.join("mixed");
     let out = routeburn()
         .args(["solve", "--strategy", "greedy", "--checkpoint"])
@@ -413,10 +423,17 @@ fn train_eval_solve_check() {
         .arg(&mixed)
         .arg(data().join("cvrplib/E/E-n13-k4.vrp"))
         .arg(data().join("cvrplib/P/P-n16-k8.vrp"))
+        .arg(dir.join("missing.vrp"))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("E-n13-k4"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("E-n13-k4.vrp: instance `E-n13-k4` has no coordinates")
+            && err.matches("missing.vrp").count() == 1
+            && err.contains("2 of 3 instances could not be solved"),
+        "{err}"
+    );
     assert!(mixed.join("P-n16-k8.sol").exists());
 
     let out = routeburn().arg("plot").arg(&run).output().unwrap();

@@ -54,7 +54,11 @@ pub fn run(args: SolveArgs) -> Result<ExitCode, TrainError> {
     let mut failures = 0;
     for path in &args.instances {
         if let Err(e) = solve_one(&args, path, &trained, &mut rng, &device) {
-            eprintln!("error: {}: {e}", path.display());
+            let (message, file) = (e.to_string(), path.display().to_string());
+            match message.starts_with(&file) {
+                true => eprintln!("error: {message}"),
+                false => eprintln!("error: {file}: {message}"),
+            }
             failures += 1;
         }
     }

@@ -283,7 +283,7 @@ pub struct TrainingConfig {
 /// Seconds of a duration written as `<number><unit>` groups, units `s`, `m`, `h`
 /// (`90s`, `25m`, `1h30m`, `0.5h`).
 pub fn parse_duration(text: &str) -> Result<f64, String> {
-    let bad = || format!("`{text}` is not a duration like 90s, 25m, 2h or 1h30m");
+    let bad = || format!("`{text}` is not a positive duration like 90s, 25m, 2h or 1h30m");
     let (mut total, mut number) = (0.0, String::new());
     for c in text.trim().chars() {
         match c {
@@ -708,7 +708,7 @@ impl Config {
             check(
                 parse_duration(limit).is_ok(),
                 "training.time_limit",
-                "a duration like 90s, 25m, 2h or 1h30m",
+                "a positive duration like 90s, 25m, 2h or 1h30m",
                 limit,
             )?;
         }
@@ -805,5 +805,21 @@ impl SupervisedConfig {
             "in [0, 1]",
             self.teacher_forcing_decay,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+
+    #[test]
+    fn durations_in_seconds() {
+        assert_eq!(parse_duration("90s"), Ok(90.0));
+        assert_eq!(parse_duration("1h30m"), Ok(5400.0));
+        assert_eq!(parse_duration("0.5h"), Ok(1800.0));
+        for bad in ["0s", "0m0s", "25", "m", "-5s", "1d", ""] {
+            let e = parse_duration(bad).unwrap_err();
+            assert!(e.contains("is not a positive duration"), "{bad}: {e}");
+        }
     }
 }
