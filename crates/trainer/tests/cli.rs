@@ -1057,7 +1057,8 @@ fn interrupted_runs_resume_exactly() {
 }
 
 /// A second `train` on a run directory another process is training is refused, naming the
-/// directory and the process; the lock of a killed process does not block a resume.
+/// directory and the process; the lock of a killed process does not block a resume; a new
+/// run is not started in an existing run's directory.
 #[test]
 fn one_writer_per_run_directory() {
     let dir = tmp("lock");
@@ -1095,6 +1096,20 @@ fn one_writer_per_run_directory() {
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    // A new run in the finished run's directory is refused; the run is kept as it was.
+    let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    let out = train_run(&config, &run, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(2)
+            && stderr.contains("already a run directory")
+            && stderr.contains("--resume"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(run.join("metrics.csv")).unwrap(),
+        metrics
     );
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -186,6 +186,13 @@ fn plan(args: &TrainArgs) -> Result<Plan, TrainError> {
         Some(d) => d.clone(),
         None => new_run_dir(Path::new("runs"), &stem)?,
     };
+    // A new run in an old run's directory would replace its metrics and best checkpoint.
+    if run_dir.join("config.toml").exists() {
+        return Err(TrainError::Input(format!(
+            "--run-dir {0}: already a run directory; continue it with `routeburn train --resume {0}`, or choose another (or delete it)",
+            run_dir.display()
+        )));
+    }
     Ok(Plan {
         config,
         run_dir,
