@@ -445,6 +445,18 @@ fn train_eval_solve_check() {
     assert!(std::fs::read_to_string(run.join("curves.svg"))
         .unwrap()
         .contains("<svg"));
+    // Output files go into directories made for them, as `gen --out` does.
+    let (svg, csv) = (dir.join("new/curves.svg"), dir.join("new/deeper/eval.csv"));
+    let out = routeburn()
+        .arg("plot")
+        .arg(&run)
+        .arg("--out")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(out.status.success() && svg.exists());
+    let out = eval_checkpoint(&run, &data().join("validation/cvrp10.jsonl"), Some(&csv));
+    assert!(out.status.success() && csv.exists());
 
     // A run directory that is not one, and a bad strategy: errors, not panics.
     let out = routeburn()

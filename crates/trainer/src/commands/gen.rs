@@ -56,9 +56,7 @@ pub fn run(args: GenArgs) -> Result<ExitCode, TrainError> {
         generator.sample_many(&mut rng, args.count, &format!("cvrp{n}_s{}_", args.seed));
     match args.format {
         GenFormat::Jsonl => {
-            if let Some(parent) = args.out.parent().filter(|p| !p.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent).map_err(|e| TrainError::io(parent, e))?;
-            }
+            crate::atomic::create_parent(&args.out)?;
             let records: Vec<Record> = instances.into_iter().map(Record::new).collect();
             write_jsonl(&args.out, &records)?;
         }

@@ -46,6 +46,7 @@ pub fn run(args: LabelArgs) -> Result<ExitCode, TrainError> {
     let labels = pool.install(|| label_instances(&instances, &config, &|_| pb.inc(1)));
     let seconds = start.elapsed().as_secs_f64();
     pb.finish_and_clear();
+    crate::atomic::create_parent(&args.out)?;
     write_jsonl(&args.out, &labels)?;
 
     let costs: Vec<f64> = labels.iter().filter_map(|r| r.reference_cost).collect();

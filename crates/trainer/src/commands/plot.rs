@@ -18,6 +18,7 @@ pub struct PlotArgs {
 pub fn run(args: PlotArgs) -> Result<ExitCode, TrainError> {
     let curves = read_curves(&args.run_dir.join("metrics.csv"))?;
     let out = args.out.unwrap_or_else(|| args.run_dir.join("curves.svg"));
+    crate::atomic::create_parent(&out)?;
     let title = format!("routeburn: {}", args.run_dir.display());
     plot_curves(&curves, &title, &out)?;
     eprintln!("wrote {}", out.display());
