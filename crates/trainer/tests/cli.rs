@@ -1415,16 +1415,31 @@ fn rl4co_checkpoint_eval_and_import() {
 #[test]
 fn runs_start_and_resume_in_any_working_directory() {
     let dir = tmp("anywhere");
+    // `routeburn train ARGS` run in `cwd`: whether it succeeded, and its stderr.
+    let train_in = |cwd: &Path, args: &[&std::ffi::OsStr]| {
+        let out = routeburn()
+            .current_dir(cwd)
+            .arg("train")
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
     let run = dir.join("default");
-    let out = routeburn()
-        .current_dir(&dir)
-        .args(["train", "--epochs", "1", "--run-dir"])
-        .arg(&run)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (ok, stderr) = train_in(
+        &dir,
+        &[
+            "--epochs".as_ref(),
+            "1".as_ref(),
+            "--run-dir".as_ref(),
+            run.as_os_str(),
+        ],
+    );
     assert!(
-        out.status.success() && stderr.contains("using the copy built into routeburn"),
+        ok && stderr.contains("using the copy built into routeburn"),
         "{stderr}"
     );
     let row = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
@@ -1443,13 +1458,8 @@ fn runs_start_and_resume_in_any_working_directory() {
         &["--strategy", "multistart"],
     );
     assert!(eval.status.success());
-    assert_eq!(
-        &format!(
-            "{:.6}",
-            stdout_value(&eval, "mean cost").parse::<f64>().unwrap()
-        ),
-        val_cost
-    );
+    let cost: f64 = stdout_value(&eval, "mean cost").parse().unwrap();
+    assert_eq!(&format!("{cost:.6}"), val_cost);
     let gap: f64 = stdout_value(&eval, "mean gap")
         .trim_end_matches('%')
         .parse()
@@ -1462,48 +1472,42 @@ fn runs_start_and_resume_in_any_working_directory() {
 
     // Started from the repository root with a shipped config, resumed from elsewhere.
     let config = dir.join("tiny.toml");
-    std::fs::write(
-        &config,
-        TINY_RUN
-            .replace("[problem]\nn = 6\n", "[problem]\nn = 10\n")
-            .replace(
-                "[validation]\nsize = 32\n",
-                "[validation]\nfile = \"data/validation/cvrp10.jsonl\"\n",
-            ),
-    )
-    .unwrap();
-    let repo = data().join("..");
+    let tiny = TINY_RUN
+        .replace("[problem]\nn = 6\n", "[problem]\nn = 10\n")
+        .replace(
+            "[validation]\nsize = 32\n",
+            "[validation]\nfile = \"data/validation/cvrp10.jsonl\"\n",
+        );
+    std::fs::write(&config, tiny).unwrap();
     let run = dir.join("from-repo");
-    let out = routeburn()
-        .current_dir(&repo)
-        .args(["train", "--epochs", "1", "-q", "--config"])
-        .arg(&config)
-        .arg("--run-dir")
-        .arg(&run)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (ok, stderr) = train_in(
+        &data().join(".."),
+        &[
+            "--epochs".as_ref(),
+            "1".as_ref(),
+            "--config".as_ref(),
+            config.as_os_str(),
+            "--run-dir".as_ref(),
+            run.as_os_str(),
+        ],
     );
+    assert!(ok, "{stderr}");
     let written = std::fs::read_to_string(run.join("config.toml")).unwrap();
     let pinned = std::fs::canonicalize(data().join("validation/cvrp10.jsonl")).unwrap();
     assert!(
         written.contains(&format!("file = \"{}\"", pinned.display())),
         "{written}"
     );
-    let out = routeburn()
-        .current_dir(&dir)
-        .args(["train", "--epochs", "2", "--resume"])
-        .arg(&run)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && !stderr.contains("built into"),
-        "{stderr}"
+    let (ok, stderr) = train_in(
+        &dir,
+        &[
+            "--epochs".as_ref(),
+            "2".as_ref(),
+            "--resume".as_ref(),
+            run.as_os_str(),
+        ],
     );
+    assert!(ok && !stderr.contains("built into"), "{stderr}");
     assert_eq!(metric_rows(&run).len(), 2);
     std::fs::remove_dir_all(&dir).ok();
 }
