@@ -41,3 +41,34 @@ pub(crate) fn pin_input_paths(config: &mut Config, config_dir: Option<&Path>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A validation file found beside the config, and labels not written yet: both become
+    /// absolute, the labels where a run started in the working directory writes them; a
+    /// missing validation file is left as given.
+    #[test]
+    fn input_paths_are_pinned_where_they_are_found() {
+        let configs = std::env::temp_dir().join(format!("routeburn-pin-{}", std::process::id()));
+        std::fs::create_dir_all(configs.join("sets")).unwrap();
+        std::fs::write(configs.join("sets/val.jsonl"), "").unwrap();
+        let mut config = Config::embedded_default();
+        config.validation.file = Some("sets/val.jsonl".into());
+        config.supervised.labels_file = Some("labels/new.jsonl".into());
+        pin_input_paths(&mut config, Some(&configs.join("configs")));
+        let found = std::fs::canonicalize(configs.join("sets/val.jsonl")).unwrap();
+        assert_eq!(config.validation.file, Some(found));
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(
+            config.supervised.labels_file,
+            Some(cwd.join("labels/new.jsonl"))
+        );
+
+        config.validation.file = Some("nowhere/val.jsonl".into());
+        pin_input_paths(&mut config, Some(&configs));
+        assert_eq!(config.validation.file, Some("nowhere/val.jsonl".into()));
+        std::fs::remove_dir_all(&configs).ok();
+    }
+}
