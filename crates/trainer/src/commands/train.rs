@@ -10,7 +10,7 @@ use crate::inference::TrainedModel;
 use crate::run::checkpoint::save_module;
 use crate::run::interrupt;
 use crate::run::lr_schedule::LrSchedule;
-use crate::run::skeleton::TrainOptions;
+use crate::run::skeleton::{check_new_run_dir, TrainOptions};
 use crate::training::train;
 
 #[derive(Debug, Args)]
@@ -186,13 +186,8 @@ fn plan(args: &TrainArgs) -> Result<Plan, TrainError> {
         Some(d) => d.clone(),
         None => new_run_dir(Path::new("runs"), &stem)?,
     };
-    // A new run in an old run's directory would replace its metrics and best checkpoint.
-    if run_dir.join("config.toml").exists() {
-        return Err(TrainError::Input(format!(
-            "--run-dir {0}: already a run directory; continue it with `routeburn train --resume {0}`, or choose another (or delete it)",
-            run_dir.display()
-        )));
-    }
+    // Before any output, and before `--init-from` writes its weights there.
+    check_new_run_dir(&run_dir)?;
     Ok(Plan {
         config,
         run_dir,

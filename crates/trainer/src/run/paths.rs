@@ -24,21 +24,20 @@ pub(crate) fn resolve(path: &Path, config_dir: Option<&Path>) -> PathBuf {
 /// (a missing one is left as given, for the validation set's error or the embedded
 /// default's copy), `supervised.labels_file` where it is or where the run will write it.
 pub(crate) fn pin_input_paths(config: &mut Config, config_dir: Option<&Path>) {
-    if let Some(file) = &config.validation.file {
+    let pinned = |file: &Path| {
         let found = resolve(file, config_dir);
-        if let (true, Ok(path)) = (found.exists(), std::fs::canonicalize(&found)) {
-            config.validation.file = Some(path);
-        }
-    }
-    if let Some(file) = &config.supervised.labels_file {
-        let found = resolve(file, config_dir);
-        let pinned = match found.exists() {
+        let exists = found.exists();
+        let path = match exists {
             true => std::fs::canonicalize(&found),
             false => std::path::absolute(&found),
         };
-        if let Ok(path) = pinned {
-            config.supervised.labels_file = Some(path);
-        }
+        path.ok().map(|path| (exists, path))
+    };
+    if let Some((true, path)) = config.validation.file.as_deref().and_then(pinned) {
+        config.validation.file = Some(path);
+    }
+    if let Some((_, path)) = config.supervised.labels_file.as_deref().and_then(pinned) {
+        config.supervised.labels_file = Some(path);
     }
 }
 

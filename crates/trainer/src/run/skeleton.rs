@@ -756,8 +756,21 @@ fn announce_resume(
     Ok(())
 }
 
+/// Refuses an earlier run's directory for a new run, which would replace its metrics, best
+/// checkpoint and initial weights.
+pub(crate) fn check_new_run_dir(run_dir: &Path) -> Result<(), TrainError> {
+    match run_dir.join("config.toml").exists() {
+        true => Err(TrainError::Input(format!(
+            "--run-dir {0}: already a run directory; continue it with `routeburn train --resume {0}`, or choose another (or delete it)",
+            run_dir.display()
+        ))),
+        false => Ok(()),
+    }
+}
+
 /// A fresh run directory: the resolved config, and no metrics of an earlier run.
 fn start_run_dir(run_dir: &Path, config: &Config, metrics_path: &Path) -> Result<(), TrainError> {
+    check_new_run_dir(run_dir)?;
     std::fs::create_dir_all(run_dir).map_err(|e| TrainError::io(run_dir, e))?;
     write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
     if metrics_path.exists() {
