@@ -40,6 +40,9 @@ pub(crate) enum Command {
     ///
     /// `eval` and `solve` also take such a file as `--checkpoint` directly.
     Import(commands::import::ImportArgs),
+    /// Export a trained attention model as Kool et al.'s PyTorch checkpoint (`epoch-N.pt`
+    /// and `args.json`), which his `eval.py` and `run.py --load_path` load.
+    Export(commands::export::ExportArgs),
     /// Draw a run's training curves (SVG) from its metrics.csv.
     Plot(commands::plot::PlotArgs),
     /// Run the same training steps (seed, config, initial weights) on every compiled
@@ -118,6 +121,7 @@ fn run(cli: Cli) -> Result<ExitCode, TrainError> {
         Command::Solve(args) => commands::solve::run(args),
         Command::Plot(args) => commands::plot::run(args),
         Command::Import(args) => commands::import::run(args),
+        Command::Export(args) => commands::export::run(args),
         Command::CompareBackends(args) => commands::compare::run(args),
     }
 }

@@ -19,7 +19,7 @@ use crate::config::{Config, ModelConfig};
 use crate::error::TrainError;
 use crate::evaluate::{download_ints, join_rows, validated_costs};
 use crate::import::{import, is_pytorch_file};
-use crate::run::checkpoint::{record_error, Checkpoints, BEST, LATEST, MODEL_FILE};
+use crate::run::checkpoint::{record_error, Checkpoints, TrainState, BEST, LATEST, MODEL_FILE};
 
 /// How to turn a model into solutions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,16 +112,7 @@ pub(crate) struct TrainedModel {
 impl TrainedModel {
     /// Says which model, from which checkpoint (and which epoch), on stderr.
     pub(crate) fn announce(&self) {
-        let state = Checkpoints::new(self.checkpoint.parent().unwrap_or(Path::new(".")))
-            .named(
-                &self
-                    .checkpoint
-                    .file_name()
-                    .unwrap_or_default()
-                    .to_string_lossy(),
-            )
-            .ok()
-            .map(|(_, s)| s);
+        let state = self.state();
         let is_best = self
             .checkpoint
             .file_name()
@@ -140,6 +131,20 @@ impl TrainedModel {
         );
     }
 
+    /// The training state saved with the checkpoint (none for a PyTorch file).
+    pub(crate) fn state(&self) -> Option<TrainState> {
+        Checkpoints::new(self.checkpoint.parent().unwrap_or(Path::new(".")))
+            .named(
+                &self
+                    .checkpoint
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy(),
+            )
+            .ok()
+            .map(|(_, s)| s)
+    }
+
     /// The model with its products at `precision`, in its config too (`--matmul-precision`).
     pub(crate) fn with_matmul_precision(
         mut self,
@@ -152,8 +157,8 @@ impl TrainedModel {
         Ok(self)
     }
 
-    /// Loads the latest checkpoint of the run in `run_dir` (or a checkpoint directory
-    /// itself) as an inference model on `device`.
+    /// Loads the best (else the latest) checkpoint of the run in `run_dir` (or a checkpoint
+    /// directory itself, or a PyTorch file) as an inference model on `device`.
     pub(crate) fn load(run_dir: &Path, device: &Device) -> Result<Self, TrainError> {
         if is_pytorch_file(run_dir) {
             let imported = import(run_dir, device)?;

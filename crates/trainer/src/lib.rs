@@ -12,6 +12,7 @@ mod atomic;
 mod clip;
 mod commands;
 mod evaluate;
+mod export;
 mod import;
 mod inference;
 mod plot;

@@ -563,6 +563,14 @@ fn pointer_network_train_eval_solve() {
         stderr.contains("model.bpk") && stderr.contains("attention"),
         "{stderr}"
     );
+    std::fs::write(&ckpt_config, &resolved).unwrap();
+
+    // Kool's format holds his attention model only: a clear refusal, nothing written.
+    let out = export_to(&run, &dir.join("export"));
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("pointer network"), "{stderr}");
+    assert!(!dir.join("export").exists());
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -807,6 +815,17 @@ fn import_to(checkpoint: &Path, run: &Path) -> std::process::Output {
         .unwrap()
 }
 
+/// `routeburn export --checkpoint CHECKPOINT --out DIR`.
+fn export_to(checkpoint: &Path, dir: &Path) -> std::process::Output {
+    routeburn()
+        .args(["export", "--checkpoint"])
+        .arg(checkpoint)
+        .arg("--out")
+        .arg(dir)
+        .output()
+        .unwrap()
+}
+
 /// Kool's published CVRP20 model: evaluated straight from the `.pt`, imported into a run
 /// directory (the same gap), solved, and fine-tuned with `--init-from`, whose validation
 /// of the starting weights equals the imported model's.
@@ -873,6 +892,29 @@ fn kool_checkpoint_import_eval_solve_init_from() {
     // Importing over a run is refused.
     let again = import_to(&pt, &run);
     assert_eq!(again.status.code(), Some(2));
+
+    // Exported back to Kool's format (his file's tensors again: the export's unit tests),
+    // the file decodes his code's tours as the import did, and nothing needs a warning.
+    let export = dir.join("k20-export");
+    let out = export_to(&run, &export);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+    let exported_csv = dir.join("export.csv");
+    let exported = eval_checkpoint(&export.join("epoch-0.pt"), &val, Some(&exported_csv));
+    assert!(exported.status.success());
+    assert_eq!(csv_tours(&exported_csv), ours);
+    // A directory that holds a Kool checkpoint already is not written into.
+    let before = std::fs::read(export.join("epoch-0.pt")).unwrap();
+    let out = export_to(&run, &export);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("export into a new directory"), "{stderr}");
+    assert_eq!(std::fs::read(export.join("epoch-0.pt")).unwrap(), before);
+    let out = export_to(&run, &dir.join("model.pt"));
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("names a directory"), "{stderr}");
 
     solve_greedy_and_check(&pt, "A/A-n32-k5", &dir.join("sols"));
 

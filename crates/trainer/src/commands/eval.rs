@@ -17,8 +17,9 @@ use crate::inference::{
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
-    /// Run directory of a trained model (its latest checkpoint), a checkpoint directory, or
-    /// a PyTorch checkpoint of Kool et al.'s attention model (`.pt`, `args.json` beside it).
+    /// Run directory of a trained model (its best checkpoint, else its latest), a checkpoint
+    /// directory, or a PyTorch checkpoint of Kool et al.'s attention model (`.pt`,
+    /// `args.json` beside it).
     #[arg(long)]
     pub checkpoint: PathBuf,
     /// A JSONL dataset, or a directory of CVRPLIB .vrp files (with .sol files beside them

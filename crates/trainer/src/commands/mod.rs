@@ -10,6 +10,7 @@ use crate::inference::Strategy;
 pub(crate) mod check;
 pub(crate) mod compare;
 pub(crate) mod eval;
+pub(crate) mod export;
 pub(crate) mod gen;
 pub(crate) mod import;
 pub(crate) mod label;

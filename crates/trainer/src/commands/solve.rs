@@ -14,8 +14,9 @@ use crate::plot::plot_routes;
 
 #[derive(Debug, Args)]
 pub struct SolveArgs {
-    /// Run directory of a trained model (its latest checkpoint), a checkpoint directory, or
-    /// a PyTorch checkpoint of Kool et al.'s attention model (`.pt`, `args.json` beside it).
+    /// Run directory of a trained model (its best checkpoint, else its latest), a checkpoint
+    /// directory, or a PyTorch checkpoint of Kool et al.'s attention model (`.pt`,
+    /// `args.json` beside it).
     #[arg(long)]
     pub checkpoint: PathBuf,
     /// greedy, sample:K, multistart, aug8, multistart+aug8, sample:K+aug8.

@@ -21,6 +21,14 @@ use super::{apply, normalization_named, read_state_dict, Imported, Source, Weigh
 use crate::config::AttentionConfig;
 use crate::error::TrainError;
 
+/// The decoder's linear layers (no biases), named alike in Kool's model and routeburn's.
+pub(crate) const DECODER_PROJECTIONS: [&str; 4] = [
+    "project_node_embeddings",
+    "project_fixed_context",
+    "project_step_context",
+    "project_out",
+];
+
 /// The keys of Kool's `args.json` that shape the model.
 #[derive(Debug, Deserialize)]
 struct KoolArgs {
@@ -70,12 +78,7 @@ pub(super) fn import(path: &Path, device: &Device) -> Result<Imported, TrainErro
     for i in 0..args.n_encode_layers {
         encoder_layer(&mut source, i, normalization)?;
     }
-    for name in [
-        "project_node_embeddings",
-        "project_fixed_context",
-        "project_step_context",
-        "project_out",
-    ] {
+    for name in DECODER_PROJECTIONS {
         source.linear(name, name, false)?;
     }
     apply(&mut model, source.out, path)?;

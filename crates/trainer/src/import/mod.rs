@@ -171,11 +171,7 @@ impl Source<'_> {
 
     /// A normaliser: batch norm with its running statistics, instance or layer norm.
     fn norm(&mut self, from: &str, to: &str, norm: Normalization) -> Result<(), TrainError> {
-        let (variant, stats): (&str, &[&str]) = match norm {
-            Normalization::Batch => ("Batch", &["running_mean", "running_var"]),
-            Normalization::Instance => ("Instance", &[]),
-            Normalization::Layer => ("Layer", &[]),
-        };
+        let (variant, stats) = norm_parameters(norm);
         self.copy(&format!("{from}.weight"), &format!("{to}.{variant}.gamma"))?;
         self.copy(&format!("{from}.bias"), &format!("{to}.{variant}.beta"))?;
         for s in stats {
@@ -201,6 +197,16 @@ impl Source<'_> {
             self.path,
             format!("`{name}`: expected a {expected} tensor, found shape {found:?}"),
         )
+    }
+}
+
+/// routeburn's name of a normaliser's variant (`…_norm.Batch.gamma`) and the running
+/// statistics it keeps besides PyTorch's `weight`/`bias` (its `gamma`/`beta`).
+pub(crate) fn norm_parameters(norm: Normalization) -> (&'static str, &'static [&'static str]) {
+    match norm {
+        Normalization::Batch => ("Batch", &["running_mean", "running_var"]),
+        Normalization::Instance => ("Instance", &[]),
+        Normalization::Layer => ("Layer", &[]),
     }
 }
 
