@@ -40,8 +40,8 @@ pub(crate) enum Command {
     ///
     /// `eval` and `solve` also take such a file as `--checkpoint` directly.
     Import(commands::import::ImportArgs),
-    /// Export a trained attention model as Kool et al.'s PyTorch checkpoint (`epoch-N.pt`
-    /// and `args.json`), which his `eval.py` and `run.py --load_path` load.
+    /// Export a trained attention model as a PyTorch checkpoint: Kool et al.'s (`epoch-N.pt`
+    /// and `args.json`, which his `eval.py` and `run.py --load_path` load) or rl4co's.
     Export(commands::export::ExportArgs),
     /// Draw a run's training curves (SVG) from its metrics.csv.
     Plot(commands::plot::PlotArgs),

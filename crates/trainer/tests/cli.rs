@@ -566,7 +566,7 @@ fn pointer_network_train_eval_solve() {
     std::fs::write(&ckpt_config, &resolved).unwrap();
 
     // Kool's format holds his attention model only: a clear refusal, nothing written.
-    let out = export_to(&run, &dir.join("export"));
+    let out = export_to(&run, &dir.join("export"), &[]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("pointer network"), "{stderr}");
@@ -815,10 +815,12 @@ fn import_to(checkpoint: &Path, run: &Path) -> std::process::Output {
         .unwrap()
 }
 
-/// `routeburn export --checkpoint CHECKPOINT --out DIR`.
-fn export_to(checkpoint: &Path, dir: &Path) -> std::process::Output {
+/// `routeburn export --checkpoint CHECKPOINT --out DIR` with `extra` flags.
+fn export_to(checkpoint: &Path, dir: &Path, extra: &[&str]) -> std::process::Output {
     routeburn()
-        .args(["export", "--checkpoint"])
+        .arg("export")
+        .args(extra)
+        .arg("--checkpoint")
         .arg(checkpoint)
         .arg("--out")
         .arg(dir)
@@ -896,7 +898,7 @@ fn kool_checkpoint_import_eval_solve_init_from() {
     // Exported back to Kool's format (his file's tensors again: the export's unit tests),
     // the file decodes his code's tours as the import did, and nothing needs a warning.
     let export = dir.join("k20-export");
-    let out = export_to(&run, &export);
+    let out = export_to(&run, &export, &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(!stderr.contains("warning"), "{stderr}");
@@ -906,12 +908,12 @@ fn kool_checkpoint_import_eval_solve_init_from() {
     assert_eq!(csv_tours(&exported_csv), ours);
     // A directory that holds a Kool checkpoint already is not written into.
     let before = std::fs::read(export.join("epoch-0.pt")).unwrap();
-    let out = export_to(&run, &export);
+    let out = export_to(&run, &export, &[]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("export into a new directory"), "{stderr}");
     assert_eq!(std::fs::read(export.join("epoch-0.pt")).unwrap(), before);
-    let out = export_to(&run, &dir.join("model.pt"));
+    let out = export_to(&run, &dir.join("model.pt"), &[]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("names a directory"), "{stderr}");
@@ -1442,6 +1444,21 @@ fn rl4co_checkpoint_eval_and_import() {
         stdout_value(&imported, "mean cost"),
         stdout_value(&direct, "mean cost")
     );
+
+    // Exported back to rl4co's form (the fixture's tensors again: the export's unit
+    // tests), the file decodes rl4co's own greedy tours.
+    let export = dir.join("am-export");
+    let out = export_to(&run, &export, &["--format", "rl4co"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("AttentionModelPolicy"), "{stderr}");
+    let csv = dir.join("export.csv");
+    let exported = eval_checkpoint(&export.join("policy.ckpt"), &val, Some(&csv));
+    assert!(exported.status.success());
+    close(&exported);
+    let ours = csv_tours(&csv);
+    let theirs = jsonl_actions(&data().join("rl4co/greedy-cvrp20.jsonl"));
+    assert_eq!(ours, theirs);
 
     let (lightning, stderr) = eval(&data().join("rl4co/am-cvrp20-lightning.ckpt"));
     assert_eq!(lightning.status.code(), Some(2), "{stderr}");

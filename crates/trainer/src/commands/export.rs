@@ -1,4 +1,4 @@
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Args;
@@ -7,7 +7,7 @@ use routeburn_model::{Backend, RoutingModel};
 use crate::atomic::write_atomic;
 use crate::config::ModelConfig;
 use crate::error::TrainError;
-use crate::export::kool_checkpoint;
+use crate::export::{export, Format};
 use crate::inference::TrainedModel;
 
 #[derive(Debug, Args)]
@@ -16,10 +16,14 @@ pub struct ExportArgs {
     /// latest), a checkpoint directory, or a PyTorch checkpoint `eval` reads.
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// A new directory for Kool's `args.json` and `epoch-N.pt` (N counts from 0 as in
-    /// Kool's runs: a checkpoint after 3 epochs is `epoch-2.pt`).
+    /// A new (or empty) directory for the files: Kool's `args.json` and `epoch-N.pt` (N
+    /// counts from 0 as in his runs: a checkpoint after 3 epochs is `epoch-2.pt`), or
+    /// rl4co's `policy.ckpt`.
     #[arg(long)]
     pub out: PathBuf,
+    /// Whose checkpoint to write.
+    #[arg(long, value_enum, default_value_t = Format::Kool)]
+    pub format: Format,
 }
 
 pub(crate) fn run(args: ExportArgs) -> Result<ExitCode, TrainError> {
@@ -31,55 +35,68 @@ pub(crate) fn run(args: ExportArgs) -> Result<ExitCode, TrainError> {
     else {
         return Err(TrainError::checkpoint(
             &trained.checkpoint,
-            "a pointer network: `export` writes Kool's attention model",
+            "a pointer network: `export` writes attention models",
         ));
     };
-    let files = kool_checkpoint(model, config, trained.config.problem.n).map_err(|why| {
+    let epochs = trained.state().map(|s| s.epochs_completed);
+    let n = trained.config.problem.n;
+    let exported = export(args.format, model, config, n, epochs.unwrap_or(0)).map_err(|why| {
         TrainError::checkpoint(
             &trained.checkpoint,
-            format!("cannot be exported to Kool's model: {why}"),
+            format!("cannot be exported as {} model: {why}", args.format.whose()),
         )
     })?;
-    let epochs = trained.state().map(|s| s.epochs_completed);
-    let weights = args.out.join(format!(
-        "epoch-{}.pt",
-        epochs.unwrap_or(0).saturating_sub(1)
-    ));
     std::fs::create_dir_all(&args.out).map_err(|e| TrainError::io(&args.out, e))?;
-    // The weights first: a directory with args.json in it is complete.
-    write_atomic(&weights, &files.weights)?;
-    write_atomic(&args.out.join("args.json"), files.args.as_bytes())?;
-    for warning in &files.warnings {
+    for (name, bytes) in &exported.files {
+        write_atomic(&args.out.join(name), bytes)?;
+    }
+    for warning in &exported.warnings {
         eprintln!("warning: {warning}");
     }
     let after = epochs.map_or(String::new(), |e| format!(" (after {e} epochs)"));
+    let written: Vec<String> = exported
+        .files
+        .iter()
+        .map(|(name, _)| args.out.join(name).display().to_string())
+        .collect();
     eprintln!(
-        "exported the attention model of {}{after} to {} and args.json beside it; in Kool's attention-learn-to-route: python eval.py DATA.pkl --model {} --decode_strategy greedy",
+        "exported the attention model of {}{after} to {}; {}",
         trained.checkpoint.display(),
-        weights.display(),
-        args.out.display()
+        written.join(" and "),
+        how_to_load(args.format, &args.out)
     );
     Ok(ExitCode::SUCCESS)
 }
 
-/// `--out` must not hold a Kool checkpoint already: his `load_model` takes a directory's
-/// highest `epoch-N.pt`, which need not be the one written now.
-fn check_out_dir(out: &std::path::Path) -> Result<(), TrainError> {
-    if out.is_file() || out.extension().is_some_and(|e| e == "pt") {
+/// How the other code loads the files.
+fn how_to_load(format: Format, out: &Path) -> String {
+    let out = out.display();
+    match format {
+        Format::Kool => format!(
+            "in Kool's attention-learn-to-route: python eval.py DATA.pkl --model {out} --decode_strategy greedy"
+        ),
+        Format::Rl4co => format!(
+            "in Python with rl4co: c = torch.load(\"{out}/policy.ckpt\"); policy = AttentionModelPolicy(**c[\"hyper_parameters\"][\"policy_kwargs\"]); policy.load_state_dict({{k.removeprefix(\"policy.\"): v for k, v in c[\"state_dict\"].items()}})"
+        ),
+    }
+}
+
+/// `--out` must be a directory without files in it: Kool's `load_model` takes a
+/// directory's highest `epoch-N.pt`, which need not be the one written now, and nothing of
+/// an earlier export should pass for this one.
+fn check_out_dir(out: &Path) -> Result<(), TrainError> {
+    if out.is_file() || out.extension().is_some_and(|e| e == "pt" || e == "ckpt") {
         return Err(TrainError::Input(format!(
-            "--out {}: names a directory, for args.json and epoch-N.pt (Kool's code reads them side by side)",
+            "--out {}: names a directory, for the exported files (Kool's code reads args.json and epoch-N.pt side by side)",
             out.display()
         )));
     }
     let Ok(entries) = std::fs::read_dir(out) else {
         return Ok(());
     };
-    let taken = entries.filter_map(Result::ok).map(|e| e.path()).find(|p| {
-        p.file_name().is_some_and(|n| n == "args.json") || p.extension().is_some_and(|e| e == "pt")
-    });
-    match taken {
+    match entries.filter_map(Result::ok).map(|e| e.path()).min() {
         Some(file) => Err(TrainError::Input(format!(
-            "--out {}: already holds {}; Kool's code loads a directory's highest epoch-N.pt, so export into a new directory",
+            "--out {}: already holds {}; export into a new directory (Kool's code loads a directory's highest epoch-N.pt)",
             out.display(),
             file.display()
         ))),

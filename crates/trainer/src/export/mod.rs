@@ -1,132 +1,68 @@
-//! Trained attention models as Kool et al.'s PyTorch checkpoints
-//! (wouterkool/attention-learn-to-route): `epoch-N.pt` holding `{"model": state_dict}` and
-//! the `args.json` his `load_model` builds the model from. The inverse of
-//! [`crate::import::kool`]: the same table of names, read from right to left, so that
-//! Kool's published models come back out as the tensors they went in as.
-//!
-//! Kool's code fixes 8 heads and a 512-wide feed-forward, and knows batch and instance
-//! normalisation only; models without attention biases are the ones it can hold.
+//! Trained attention models as PyTorch checkpoints that the field's code loads: Kool et
+//! al.'s (`epoch-N.pt` and `args.json`, [`kool`]) and rl4co's (`AttentionModelPolicy`
+//! weights with `policy_kwargs`, [`rl4co`]). Each is the import's table of names read from
+//! right to left, so that the published and fixture models come back out as the tensors
+//! they went in as; [`torch_file`] writes the file.
 
+pub(crate) mod kool;
+pub(crate) mod rl4co;
 pub(crate) mod torch_file;
 
 use std::collections::HashMap;
 
 use burn::store::ModuleSnapshot;
 use burn::tensor::DType;
-use routeburn_model::{AttentionModel, LoadArithmetic, Normalization};
-use serde::Serialize;
+use routeburn_model::{AttentionModel, Normalization};
 
 use crate::config::AttentionConfig;
-use crate::import::kool::DECODER_PROJECTIONS;
 use crate::import::norm_parameters;
 use torch_file::NamedTensor;
 
-/// Heads and feed-forward width of Kool's `AttentionModel` (`n_heads=8`, and its
-/// `GraphAttentionEncoder`'s `feed_forward_hidden=512`): `load_model` passes neither.
-const KOOL_HEADS: usize = 8;
-const KOOL_FEED_FORWARD: usize = 512;
+/// Whose checkpoint `export` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Format {
+    /// Kool et al.'s attention-learn-to-route: `epoch-N.pt` and `args.json`.
+    Kool,
+    /// rl4co's `AttentionModelPolicy`: `policy.ckpt` with `state_dict` and
+    /// `hyper_parameters.policy_kwargs`.
+    Rl4co,
+}
 
-/// A model as Kool's files, and what a user of them should know.
-pub(crate) struct KoolCheckpoint {
-    /// `args.json`.
-    pub(crate) args: String,
-    /// `epoch-N.pt`.
-    pub(crate) weights: Vec<u8>,
-    /// Where Kool's code would not decode as routeburn does without a change.
+impl Format {
+    /// "Kool's", "rl4co's": whose model the files hold.
+    pub(crate) fn whose(self) -> &'static str {
+        match self {
+            Format::Kool => "Kool's",
+            Format::Rl4co => "rl4co's",
+        }
+    }
+}
+
+/// The files of an exported model (names within the output directory, bytes), and what a
+/// user of them should know.
+pub(crate) struct Exported {
+    pub(crate) files: Vec<(String, Vec<u8>)>,
+    /// Where the other code would not decode as routeburn does without a change.
     pub(crate) warnings: Vec<String>,
 }
 
-/// The keys of `args.json` that Kool's `load_model` and routeburn's import read.
-#[derive(Serialize)]
-struct KoolArgs {
-    problem: &'static str,
-    model: &'static str,
-    graph_size: usize,
-    embedding_dim: usize,
-    hidden_dim: usize,
-    n_encode_layers: usize,
-    normalization: &'static str,
-    tanh_clipping: f64,
-}
-
-/// Kool's files for `model` (built from `config`) trained on `graph_size` customers, or
-/// why Kool's model cannot hold it.
-pub(crate) fn kool_checkpoint(
+/// `model` (built from `config`, trained on `graph_size` customers, checkpointed after
+/// `epochs` epochs) in `format`, or why that format cannot hold it.
+pub(crate) fn export(
+    format: Format,
     model: &AttentionModel,
     config: &AttentionConfig,
     graph_size: usize,
-) -> Result<KoolCheckpoint, String> {
-    let normalization = match config.normalization {
-        Normalization::Batch => "batch",
-        Normalization::Instance => "instance",
-        Normalization::Layer => {
-            return Err(
-                "layer normalisation: Kool's code has batch and instance normalisation only".into(),
-            )
-        }
-    };
-    if config.attention_bias {
-        return Err("attention biases (`model.attention_bias`, rl4co's models): Kool's attention projections have none".into());
-    }
-    let args = KoolArgs {
-        problem: "cvrp",
-        model: "attention",
-        graph_size,
-        embedding_dim: config.embed_dim,
-        hidden_dim: config.embed_dim,
-        n_encode_layers: config.num_layers,
-        normalization,
-        tanh_clipping: config.tanh_clipping,
-    };
-    let tensors = kool_state_dict(model, config)?;
-    let weights = torch_file::state_dict_file("model", &tensors)
-        .map_err(|e| format!("writing the PyTorch archive: {e}"))?;
-    Ok(KoolCheckpoint {
-        args: serde_json::to_string_pretty(&args).expect("plain values serialise") + "\n",
-        weights,
-        warnings: warnings(config),
-    })
-}
-
-fn warnings(config: &AttentionConfig) -> Vec<String> {
-    let mut warnings = vec![];
-    if (config.num_heads, config.feed_forward_dim) != (KOOL_HEADS, KOOL_FEED_FORWARD) {
-        warnings.push(format!(
-            "this model has {} heads and a {}-wide feed-forward; Kool's `load_model` builds {KOOL_HEADS} and {KOOL_FEED_FORWARD} and will report a size mismatch: it loads there with `n_heads={}` passed to `AttentionModel` and `feed_forward_hidden={}` to its `GraphAttentionEncoder` (routeburn's `import` reads it as it is)",
-            config.num_heads, config.feed_forward_dim, config.num_heads, config.feed_forward_dim
-        ));
-    }
-    if config.load_arithmetic == LoadArithmetic::Exact {
-        warnings.push(
-            "this model was trained with exact integer loads (`model.load_arithmetic = \"exact\"`); Kool's code compares loads as float32 fractions of the capacity, so its tours can differ where a customer exactly fills the vehicle"
-                .into(),
-        );
-    }
-    warnings
-}
-
-/// Kool's state dict, in his model's order, from routeburn's parameters: every one of
-/// them placed exactly once.
-fn kool_state_dict(
-    model: &AttentionModel,
-    config: &AttentionConfig,
-) -> Result<Vec<NamedTensor>, String> {
-    let mut params = Params::of(model)?;
-    params.linear("encoder.depot_embedding", "init_embed_depot", true)?;
-    params.linear("encoder.customer_embedding", "init_embed", true)?;
-    for i in 0..config.num_layers {
-        params.encoder_layer(i, config)?;
-    }
-    for name in DECODER_PROJECTIONS {
-        params.linear(name, name, false)?;
-    }
-    match params.remaining.keys().min() {
-        Some(left) => Err(format!("routeburn's `{left}` has no place in Kool's model")),
-        None => Ok(params.out),
+    epochs: usize,
+) -> Result<Exported, String> {
+    match format {
+        Format::Kool => kool::checkpoint(model, config, graph_size, epochs),
+        Format::Rl4co => rl4co::checkpoint(model, config),
     }
 }
 
-/// routeburn's parameters not yet placed, and Kool's tensors made from them so far.
+/// routeburn's parameters not yet placed, and the other model's tensors made from them so
+/// far.
 struct Params {
     remaining: HashMap<String, (Vec<usize>, Vec<f32>)>,
     out: Vec<NamedTensor>,
@@ -138,7 +74,7 @@ impl Params {
         for t in model.collect(None, None, false) {
             if t.dtype != DType::F32 {
                 return Err(format!(
-                    "`{}` is {:?}; Kool's model is float32",
+                    "`{}` is {:?}; PyTorch's models are float32",
                     t.name, t.dtype
                 ));
             }
@@ -189,206 +125,95 @@ impl Params {
         Ok(())
     }
 
-    /// A normaliser as Kool's `normalizer`: batch norm with its running statistics.
+    /// A normaliser as PyTorch's (`weight`, `bias`, batch norm's running statistics).
     fn norm(&mut self, from: &str, to: &str, norm: Normalization) -> Result<(), String> {
         let (variant, stats) = norm_parameters(norm);
-        for (ours, kools) in [("gamma", "weight"), ("beta", "bias")]
+        for (ours, theirs) in [("gamma", "weight"), ("beta", "bias")]
             .into_iter()
             .chain(stats.iter().map(|s| (*s, *s)))
         {
             let (shape, values) = self.take(&format!("{from}.{variant}.{ours}"))?;
-            self.push(format!("{to}.{kools}"), shape, values);
+            self.push(format!("{to}.{theirs}"), shape, values);
         }
         Ok(())
     }
 
-    /// Encoder layer `i`: the attention's column blocks as Kool's per-head projections,
-    /// then the normalisations and the feed-forward pair around it.
-    fn encoder_layer(&mut self, i: usize, config: &AttentionConfig) -> Result<(), String> {
-        let (from, to) = (
-            format!("encoder.layers.{i}"),
-            format!("embedder.layers.{i}"),
-        );
-        let (shape, qkv) = self.take(&format!("{from}.attention.qkv.weight"))?;
-        let heads = config.num_heads;
-        let [d, width] = shape[..] else {
-            return Err(format!(
-                "`{from}.attention.qkv.weight` has shape {shape:?}, not [d, 3d]"
-            ));
-        };
-        let dk = width / (3 * heads);
-        for (g, w) in ["W_query", "W_key", "W_val"].into_iter().enumerate() {
-            let values = columns_to_heads(&qkv, d, heads, dk, g);
-            self.push(format!("{to}.0.module.{w}"), vec![heads, d, dk], values);
-        }
-        // `[H·dk, d]` and Kool's `[H, dk, d]` share their row-major layout.
-        let (_, out) = self.take(&format!("{from}.attention.out.weight"))?;
-        self.push(format!("{to}.0.module.W_out"), vec![heads, dk, d], out);
-        let norm = config.normalization;
+    /// Encoder layer `from` after its attention, as PyTorch's `Sequential` of skip
+    /// connections `to`: normaliser 1, the feed-forward pair in module 2 (`feed_forward`:
+    /// the pair's names there), normaliser 3.
+    fn norms_and_feed_forward(
+        &mut self,
+        from: &str,
+        to: &str,
+        feed_forward: [&str; 2],
+        norm: Normalization,
+    ) -> Result<(), String> {
         self.norm(
             &format!("{from}.attention_norm"),
             &format!("{to}.1.normalizer"),
             norm,
         )?;
-        self.linear(
-            &format!("{from}.feed_forward_in"),
-            &format!("{to}.2.module.0"),
-            true,
-        )?;
-        self.linear(
-            &format!("{from}.feed_forward_out"),
-            &format!("{to}.2.module.2"),
-            true,
-        )?;
+        for (ours, theirs) in ["feed_forward_in", "feed_forward_out"]
+            .into_iter()
+            .zip(feed_forward)
+        {
+            self.linear(
+                &format!("{from}.{ours}"),
+                &format!("{to}.2.module.{theirs}"),
+                true,
+            )?;
+        }
         self.norm(
             &format!("{from}.feed_forward_norm"),
             &format!("{to}.3.normalizer"),
             norm,
         )
     }
-}
 
-/// Projection `g` (0 queries, 1 keys, 2 values) of the `[d, 3·H·dk]` weight as Kool's
-/// `[H, d, dk]`: `W_g[h][i][k]` is column `(g·H + h)·dk + k` of row `i`, the inverse of
-/// the import's `heads_to_columns`.
-fn columns_to_heads(qkv: &[f32], d: usize, heads: usize, dk: usize, g: usize) -> Vec<f32> {
-    let width = 3 * heads * dk;
-    (0..heads)
-        .flat_map(|h| (0..d).flat_map(move |i| (0..dk).map(move |k| (h, i, k))))
-        .map(|(h, i, k)| qkv[i * width + (g * heads + h) * dk + k])
-        .collect()
+    /// The tensors made, once every routeburn parameter has been placed.
+    fn finish(self, model: &str) -> Result<Vec<NamedTensor>, String> {
+        match self.remaining.keys().min() {
+            Some(left) => Err(format!("routeburn's `{left}` has no place in {model}")),
+            None => Ok(self.out),
+        }
+    }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    use std::collections::HashMap;
     use std::path::{Path, PathBuf};
 
     use burn::store::pytorch::PytorchReader;
-    use routeburn_model::Backend;
 
-    use super::*;
-    use crate::import::import;
+    use crate::config::AttentionConfig;
 
-    fn kool(n: usize) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join(format!("../../data/kool-pretrained/cvrp_{n}"))
-    }
-
-    fn scratch(name: &str) -> PathBuf {
+    /// A scratch directory for one test.
+    pub(crate) fn scratch(name: &str) -> PathBuf {
         let dir =
             std::env::temp_dir().join(format!("routeburn-export-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }
 
-    /// Every tensor of the file's `model` state dict: its bytes by name, and its shape.
-    fn state_dict(path: &Path) -> HashMap<String, (Vec<usize>, Vec<u8>)> {
-        PytorchReader::with_top_level_key(path, "model")
+    /// A small attention model's config: d = 16, one layer, a 32-wide feed-forward.
+    pub(crate) fn small_config(num_heads: usize) -> AttentionConfig {
+        AttentionConfig {
+            embed_dim: 16,
+            num_heads,
+            num_layers: 1,
+            feed_forward_dim: 32,
+            ..AttentionConfig::default()
+        }
+    }
+
+    /// Every tensor of the file's `top_key` state dict: its shape and bytes by name.
+    pub(crate) fn state_dict(path: &Path, top_key: &str) -> HashMap<String, (Vec<usize>, Vec<u8>)> {
+        PytorchReader::with_top_level_key(path, top_key)
             .unwrap()
             .into_tensors()
             .into_iter()
             .map(|(name, t)| (name, (t.shape().to_vec(), t.read().unwrap())))
             .collect()
-    }
-
-    /// The hand case of the import's `heads_become_column_blocks`, read back: H = 2 heads,
-    /// d = 2, dk = 1, `W_g[h][i][0] = 100 g + 10 h + i`.
-    #[test]
-    fn column_blocks_become_heads() {
-        let qkv = [
-            0., 10., 100., 110., 200., 210., 1., 11., 101., 111., 201., 211.,
-        ];
-        for g in 0..3 {
-            let expected: Vec<f32> = (0..2)
-                .flat_map(|h| (0..2).map(move |i| (100 * g + 10 * h + i) as f32))
-                .collect();
-            assert_eq!(
-                columns_to_heads(&qkv, 2, 2, 1, g),
-                expected,
-                "projection {g}"
-            );
-        }
-    }
-
-    /// Kool's published CVRP models, imported and exported, are Kool's files again: the
-    /// same names, shapes and float32 bits (read by burn-store's PyTorch reader from his
-    /// legacy file and from the zip file written here), and his `args.json`'s architecture.
-    #[test]
-    fn kools_models_come_back_out_as_his_files() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
-        for n in [20, 100] {
-            let original = kool(n).join("epoch-99.pt");
-            let imported = import(&original, &device).unwrap();
-            let out = kool_checkpoint(&imported.model, &imported.config, n).unwrap();
-            assert!(out.warnings.is_empty(), "{:?}", out.warnings);
-            let dir = scratch(&format!("kool{n}"));
-            std::fs::write(dir.join("epoch-99.pt"), &out.weights).unwrap();
-            std::fs::write(dir.join("args.json"), &out.args).unwrap();
-
-            let (ours, his) = (state_dict(&dir.join("epoch-99.pt")), state_dict(&original));
-            assert_eq!(ours.len(), his.len(), "cvrp_{n}: tensor count");
-            for (name, tensor) in &his {
-                assert!(ours.get(name) == Some(tensor), "cvrp_{n}: `{name}` differs");
-            }
-            let args = |p: &Path| -> serde_json::Value {
-                serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-            };
-            let (ours, his) = (
-                args(&dir.join("args.json")),
-                args(&kool(n).join("args.json")),
-            );
-            for key in [
-                "problem",
-                "model",
-                "graph_size",
-                "embedding_dim",
-                "hidden_dim",
-                "n_encode_layers",
-                "normalization",
-                "tanh_clipping",
-            ] {
-                assert_eq!(ours[key], his[key], "cvrp_{n}: args.json `{key}`");
-            }
-            // routeburn's own import reads the export as it read Kool's file.
-            let again = import(&dir.join("epoch-99.pt"), &device).unwrap();
-            assert_eq!(again.config, imported.config);
-            std::fs::remove_dir_all(dir).ok();
-        }
-    }
-
-    #[test]
-    fn what_kools_model_cannot_hold_is_refused_or_warned_about() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
-        let export = |config: &AttentionConfig| {
-            let model = config.model_config().init(&device);
-            kool_checkpoint(&model, config, 20)
-        };
-        let small = AttentionConfig {
-            embed_dim: 16,
-            num_heads: 4,
-            num_layers: 1,
-            feed_forward_dim: 32,
-            ..AttentionConfig::default()
-        };
-        let layer = AttentionConfig {
-            normalization: Normalization::Layer,
-            ..small.clone()
-        };
-        let e = export(&layer).err().unwrap();
-        assert!(e.contains("layer normalisation"), "{e}");
-        let biased = AttentionConfig {
-            attention_bias: true,
-            ..small.clone()
-        };
-        let e = export(&biased).err().unwrap();
-        assert!(e.contains("attention_bias"), "{e}");
-        // Another width of heads and feed-forward, exact loads: written, with both said.
-        let out = export(&small).unwrap();
-        assert_eq!(out.warnings.len(), 2, "{:?}", out.warnings);
-        assert!(
-            out.warnings[0].contains("n_heads=4")
-                && out.warnings[0].contains("feed_forward_hidden=32")
-        );
-        assert!(out.warnings[1].contains("float32"));
     }
 }

@@ -1,6 +1,7 @@
 //! PyTorch's checkpoint file (the zip format `torch.save` has written since 1.6) holding
-//! `{top_key: OrderedDict(name -> float32 tensor)}`, what `torch.load(weights_only=True)`
-//! reads and what Kool's code expects under `"model"`.
+//! `{top_key: OrderedDict(name -> float32 tensor), ...}` and any plain values beside it,
+//! what `torch.load(weights_only=True)` reads: Kool's `{"model": state_dict}`, rl4co's
+//! `{"state_dict": ..., "hyper_parameters": {"policy_kwargs": {...}}}`.
 //!
 //! The archive: `archive/data.pkl` (a protocol-2 pickle whose tensors are
 //! `torch._utils._rebuild_tensor_v2` calls on persistent storages `('storage',
@@ -12,6 +13,7 @@
 
 use std::io::{Cursor, Write};
 
+use serde_json::Value;
 use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, DateTime, ZipWriter};
 
@@ -25,10 +27,12 @@ pub(crate) struct NamedTensor {
 /// PyTorch's storage alignment (`torch.serialization`'s default).
 const STORAGE_ALIGNMENT: u16 = 64;
 
-/// The bytes of a `.pt` file holding `{top_key: OrderedDict(tensors)}`, in order.
+/// The bytes of a `.pt` file holding `{top_key: OrderedDict(tensors), **extra}`, in order;
+/// `extra`'s JSON values become Python's (objects dicts, arrays lists).
 pub(crate) fn state_dict_file(
     top_key: &str,
     tensors: &[NamedTensor],
+    extra: &[(&str, Value)],
 ) -> zip::result::ZipResult<Vec<u8>> {
     let mut zip = ZipWriter::new(Cursor::new(Vec::new()));
     let stored = SimpleFileOptions::default()
@@ -44,7 +48,7 @@ pub(crate) fn state_dict_file(
         zip.write_all(bytes)?;
         Ok(())
     };
-    record("data.pkl", &pickle(top_key, tensors), false)?;
+    record("data.pkl", &pickle(top_key, tensors, extra), false)?;
     record(".format_version", b"1", false)?;
     record(
         ".storage_alignment",
@@ -61,10 +65,11 @@ pub(crate) fn state_dict_file(
 }
 
 /// `data.pkl`: the dict, the ordered dict, and per tensor its rebuild call on storage `key`
-/// (the tensor's index), offset 0, contiguous row-major strides.
-fn pickle(top_key: &str, tensors: &[NamedTensor]) -> Vec<u8> {
+/// (the tensor's index), offset 0, contiguous row-major strides; then `extra`.
+fn pickle(top_key: &str, tensors: &[NamedTensor], extra: &[(&str, Value)]) -> Vec<u8> {
     let mut p = Pickle(vec![PROTO, 2]);
     p.op(EMPTY_DICT);
+    p.op(MARK);
     p.string(top_key);
     p.empty_ordered_dict();
     p.op(MARK);
@@ -77,7 +82,7 @@ fn pickle(top_key: &str, tensors: &[NamedTensor]) -> Vec<u8> {
         p.global("torch", "FloatStorage");
         p.string(&key.to_string());
         p.string("cpu");
-        p.int(t.values.len());
+        p.int(t.values.len() as i64);
         p.op(TUPLE);
         p.op(BINPERSID);
         p.int(0);
@@ -90,7 +95,11 @@ fn pickle(top_key: &str, tensors: &[NamedTensor]) -> Vec<u8> {
         p.op(REDUCE);
     }
     p.op(SETITEMS);
-    p.op(SETITEM);
+    for (key, value) in extra {
+        p.string(key);
+        p.value(value);
+    }
+    p.op(SETITEMS);
     p.op(STOP);
     p.0
 }
@@ -109,7 +118,6 @@ const EMPTY_DICT: u8 = b'}';
 const EMPTY_TUPLE: u8 = b')';
 const MARK: u8 = b'(';
 const TUPLE: u8 = b't';
-const SETITEM: u8 = b's';
 const SETITEMS: u8 = b'u';
 const BINUNICODE: u8 = b'X';
 const GLOBAL: u8 = b'c';
@@ -117,7 +125,12 @@ const BININT1: u8 = b'K';
 const BININT2: u8 = b'M';
 const BININT: u8 = b'J';
 const LONG1: u8 = 0x8a;
+const NEWTRUE: u8 = 0x88;
 const NEWFALSE: u8 = 0x89;
+const NONE: u8 = b'N';
+const BINFLOAT: u8 = b'G';
+const EMPTY_LIST: u8 = b']';
+const APPENDS: u8 = b'e';
 const BINPERSID: u8 = b'Q';
 const REDUCE: u8 = b'R';
 const STOP: u8 = b'.';
@@ -148,8 +161,8 @@ impl Pickle {
         self.op(REDUCE);
     }
 
-    /// A non-negative int in the shortest of pickle's encodings.
-    fn int(&mut self, v: usize) {
+    /// An int in the shortest of pickle's encodings.
+    fn int(&mut self, v: i64) {
         if let Ok(v) = u8::try_from(v) {
             self.0.extend([BININT1, v]);
         } else if let Ok(v) = u16::try_from(v) {
@@ -159,9 +172,13 @@ impl Pickle {
             self.op(BININT);
             self.0.extend(v.to_le_bytes());
         } else {
-            // Two's complement, little-endian, with a zero byte where the top bit is set.
-            let mut bytes = (v as u64).to_le_bytes().to_vec();
-            while bytes.len() > 1 && bytes[bytes.len() - 1] == 0 && bytes[bytes.len() - 2] < 0x80 {
+            // Two's complement, little-endian, in the fewest bytes that keep the sign.
+            let mut bytes = v.to_le_bytes().to_vec();
+            while let [.., second, last] = bytes[..] {
+                let redundant = (last == 0 && second < 0x80) || (last == 0xff && second >= 0x80);
+                if !redundant {
+                    break;
+                }
                 bytes.pop();
             }
             self.0.extend([LONG1, bytes.len() as u8]);
@@ -169,11 +186,42 @@ impl Pickle {
         }
     }
 
+    /// A JSON value as the Python value `json.loads` gives.
+    fn value(&mut self, v: &Value) {
+        match v {
+            Value::Null => self.op(NONE),
+            Value::Bool(b) => self.op(if *b { NEWTRUE } else { NEWFALSE }),
+            Value::Number(n) => match n.as_i64() {
+                Some(i) => self.int(i),
+                None => {
+                    self.op(BINFLOAT);
+                    self.0.extend(n.as_f64().unwrap_or(f64::NAN).to_be_bytes());
+                }
+            },
+            Value::String(s) => self.string(s),
+            Value::Array(items) => {
+                self.op(EMPTY_LIST);
+                self.op(MARK);
+                items.iter().for_each(|i| self.value(i));
+                self.op(APPENDS);
+            }
+            Value::Object(map) => {
+                self.op(EMPTY_DICT);
+                self.op(MARK);
+                for (k, v) in map {
+                    self.string(k);
+                    self.value(v);
+                }
+                self.op(SETITEMS);
+            }
+        }
+    }
+
     /// A tuple of ints.
     fn ints(&mut self, values: &[usize]) {
         self.op(MARK);
         for &v in values {
-            self.int(v);
+            self.int(v as i64);
         }
         self.op(TUPLE);
     }
@@ -196,7 +244,7 @@ mod tests {
     /// Ints as Python's pickler writes them (`pickle.dumps(v, 2)` minus framing).
     #[test]
     fn ints_take_the_shortest_encoding() {
-        let encoded = |v: usize| {
+        let encoded = |v: i64| {
             let mut p = Pickle(vec![]);
             p.int(v);
             p.0
@@ -206,6 +254,9 @@ mod tests {
         assert_eq!(encoded(70_000), b"J\x70\x11\x01\x00");
         assert_eq!(encoded(1 << 31), b"\x8a\x05\x00\x00\x00\x80\x00");
         assert_eq!(encoded(1 << 32), b"\x8a\x05\x00\x00\x00\x00\x01");
+        assert_eq!(encoded(-1), b"J\xff\xff\xff\xff");
+        assert_eq!(encoded(-(1 << 31) - 1), b"\x8a\x05\xff\xff\xff\x7f\xff");
+        assert_eq!(encoded(-(1 << 40)), b"\x8a\x06\x00\x00\x00\x00\x00\xff");
     }
 
     /// What burn-store's PyTorch reader (written against `torch.save`'s files) finds in
@@ -229,7 +280,7 @@ mod tests {
                 values: (0..300).map(|i| i as f32 / 3.0).collect(),
             },
         ];
-        let bytes = state_dict_file("model", &tensors).unwrap();
+        let bytes = state_dict_file("model", &tensors, &[]).unwrap();
         let path =
             std::env::temp_dir().join(format!("routeburn-torch-file-{}.pt", std::process::id()));
         std::fs::write(&path, &bytes).unwrap();
@@ -247,6 +298,6 @@ mod tests {
             assert_eq!(f.read().unwrap(), expected, "{}", t.name);
         }
         // The same tensors give the same bytes.
-        assert_eq!(state_dict_file("model", &tensors).unwrap(), bytes);
+        assert_eq!(state_dict_file("model", &tensors, &[]).unwrap(), bytes);
     }
 }

@@ -21,6 +21,12 @@ use super::{apply, normalization_named, read_state_dict, Imported, Source, Weigh
 use crate::config::AttentionConfig;
 use crate::error::TrainError;
 
+/// The node embeddings (linear, with biases): Kool's names, routeburn's.
+pub(crate) const EMBEDDINGS: [(&str, &str); 2] = [
+    ("init_embed_depot", "encoder.depot_embedding"),
+    ("init_embed", "encoder.customer_embedding"),
+];
+
 /// The decoder's linear layers (no biases), named alike in Kool's model and routeburn's.
 pub(crate) const DECODER_PROJECTIONS: [&str; 4] = [
     "project_node_embeddings",
@@ -73,8 +79,9 @@ pub(super) fn import(path: &Path, device: &Device) -> Result<Imported, TrainErro
         ..AttentionConfig::default()
     };
     let mut model = config.model_config().init(device);
-    source.linear("init_embed_depot", "encoder.depot_embedding", true)?;
-    source.linear("init_embed", "encoder.customer_embedding", true)?;
+    for (from, to) in EMBEDDINGS {
+        source.linear(from, to, true)?;
+    }
     for i in 0..args.n_encode_layers {
         encoder_layer(&mut source, i, normalization)?;
     }

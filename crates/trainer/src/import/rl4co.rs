@@ -31,6 +31,30 @@ use super::{apply, normalization_named, read_state_dict, Imported, Source};
 use crate::config::AttentionConfig;
 use crate::error::TrainError;
 
+/// The node embeddings (linear, with biases): rl4co's names (under `policy.`),
+/// routeburn's.
+pub(crate) const EMBEDDINGS: [(&str, &str); 2] = [
+    (
+        "encoder.init_embedding.init_embed",
+        "encoder.customer_embedding",
+    ),
+    (
+        "encoder.init_embedding.init_embed_depot",
+        "encoder.depot_embedding",
+    ),
+];
+
+/// The decoder's linear layers (no biases): rl4co's names (under `policy.`), routeburn's.
+pub(crate) const DECODER_PROJECTIONS: [(&str, &str); 4] = [
+    ("decoder.project_node_embeddings", "project_node_embeddings"),
+    ("decoder.project_fixed_context", "project_fixed_context"),
+    (
+        "decoder.context_embedding.project_context",
+        "project_step_context",
+    ),
+    ("decoder.pointer.project_out", "project_out"),
+];
+
 /// The checkpoint's hyper-parameters that shape the policy.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
@@ -102,17 +126,9 @@ pub(super) fn import(path: &Path, device: &Device) -> Result<Imported, TrainErro
         tensors: read_state_dict(path, "state_dict", "policy.")?,
         out: vec![],
     };
-    let init = "encoder.init_embedding";
-    source.linear(
-        &format!("{init}.init_embed_depot"),
-        "encoder.depot_embedding",
-        true,
-    )?;
-    source.linear(
-        &format!("{init}.init_embed"),
-        "encoder.customer_embedding",
-        true,
-    )?;
+    for (from, to) in EMBEDDINGS {
+        source.linear(from, to, true)?;
+    }
     for i in 0..kwargs.num_encoder_layers {
         let (from, to) = (
             format!("encoder.net.layers.{i}"),
@@ -143,15 +159,7 @@ pub(super) fn import(path: &Path, device: &Device) -> Result<Imported, TrainErro
         )?;
         source.norm(&norm(3), &format!("{to}.feed_forward_norm"), normalization)?;
     }
-    for (from, to) in [
-        ("decoder.project_node_embeddings", "project_node_embeddings"),
-        ("decoder.project_fixed_context", "project_fixed_context"),
-        (
-            "decoder.context_embedding.project_context",
-            "project_step_context",
-        ),
-        ("decoder.pointer.project_out", "project_out"),
-    ] {
+    for (from, to) in DECODER_PROJECTIONS {
         source.linear(from, to, false)?;
     }
     let mut model = config.model_config().init(device);
