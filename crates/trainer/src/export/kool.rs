@@ -12,6 +12,7 @@ use super::torch_file::{self, NamedTensor};
 use super::{Exported, Params};
 use crate::config::AttentionConfig;
 use crate::import::kool::{DECODER_PROJECTIONS, EMBEDDINGS};
+use crate::import::normalization_name;
 
 /// Heads and feed-forward width of Kool's `AttentionModel` (`n_heads=8`, and its
 /// `GraphAttentionEncoder`'s `feed_forward_hidden=512`): `load_model` passes neither.
@@ -39,15 +40,11 @@ pub(super) fn checkpoint(
     graph_size: usize,
     epochs: usize,
 ) -> Result<Exported, String> {
-    let normalization = match config.normalization {
-        Normalization::Batch => "batch",
-        Normalization::Instance => "instance",
-        Normalization::Layer => {
-            return Err(
-                "layer normalisation: Kool's code has batch and instance normalisation only".into(),
-            )
-        }
-    };
+    if config.normalization == Normalization::Layer {
+        return Err(
+            "layer normalisation: Kool's code has batch and instance normalisation only".into(),
+        );
+    }
     if config.attention_bias {
         return Err("attention biases (`model.attention_bias`, rl4co's models): Kool's attention projections have none".into());
     }
@@ -58,7 +55,7 @@ pub(super) fn checkpoint(
         embedding_dim: config.embed_dim,
         hidden_dim: config.embed_dim,
         n_encode_layers: config.num_layers,
-        normalization,
+        normalization: normalization_name(config.normalization),
         tanh_clipping: config.tanh_clipping,
     };
     let tensors = state_dict(model, config)?;

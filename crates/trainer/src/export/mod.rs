@@ -15,7 +15,7 @@ use burn::tensor::DType;
 use routeburn_model::{AttentionModel, Normalization};
 
 use crate::config::AttentionConfig;
-use crate::import::norm_parameters;
+use crate::import::{f32s_from_le, norm_parameters, transposed};
 use torch_file::NamedTensor;
 
 /// Whose checkpoint `export` writes.
@@ -79,11 +79,7 @@ impl Params {
                 ));
             }
             let (name, _, shape, _, bytes) = t.into_parts().map_err(|e| e.to_string())?;
-            let values = bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            remaining.insert(name, (shape.to_vec(), values));
+            remaining.insert(name, (shape.to_vec(), f32s_from_le(&bytes)));
         }
         Ok(Self {
             remaining,
@@ -113,11 +109,11 @@ impl Params {
                 "`{from}.weight` has shape {shape:?}, not [in, out]"
             ));
         };
-        let transposed = (0..cols)
-            .flat_map(|c| (0..rows).map(move |r| (r, c)))
-            .map(|(r, c)| w[r * cols + c])
-            .collect();
-        self.push(format!("{to}.weight"), vec![cols, rows], transposed);
+        self.push(
+            format!("{to}.weight"),
+            vec![cols, rows],
+            transposed(&w, rows, cols),
+        );
         if bias {
             let (shape, b) = self.take(&format!("{from}.bias"))?;
             self.push(format!("{to}.bias"), shape, b);

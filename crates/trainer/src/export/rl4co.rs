@@ -7,11 +7,12 @@
 //! zeros there, which computes the same. Its environment lets a customer that exactly
 //! fills the vehicle through, as routeburn's `exact` load arithmetic does.
 
-use routeburn_model::{AttentionModel, LoadArithmetic, Normalization};
+use routeburn_model::{AttentionModel, LoadArithmetic};
 use serde_json::json;
 
 use super::{torch_file, Exported, Params};
 use crate::config::AttentionConfig;
+use crate::import::normalization_name;
 use crate::import::rl4co::{DECODER_PROJECTIONS, EMBEDDINGS};
 
 /// rl4co's file for `model` (built from `config`), or why rl4co's policy cannot hold it.
@@ -19,17 +20,12 @@ pub(super) fn checkpoint(
     model: &AttentionModel,
     config: &AttentionConfig,
 ) -> Result<Exported, String> {
-    let normalization = match config.normalization {
-        Normalization::Batch => "batch",
-        Normalization::Instance => "instance",
-        Normalization::Layer => "layer",
-    };
     let policy_kwargs = json!({
         "env_name": "cvrp",
         "embed_dim": config.embed_dim,
         "num_heads": config.num_heads,
         "num_encoder_layers": config.num_layers,
-        "normalization": normalization,
+        "normalization": normalization_name(config.normalization),
         "feedforward_hidden": config.feed_forward_dim,
         "tanh_clipping": config.tanh_clipping,
         "use_graph_context": true,

@@ -39,14 +39,44 @@ impl Imported {
     }
 }
 
+/// The names Kool's and rl4co's code give the normalisations.
+const NORMALIZATION_NAMES: [(Normalization, &str); 3] = [
+    (Normalization::Batch, "batch"),
+    (Normalization::Instance, "instance"),
+    (Normalization::Layer, "layer"),
+];
+
 /// The normalisation a source names `batch`, `instance` or `layer`.
 fn normalization_named(name: &str) -> Option<Normalization> {
-    match name {
-        "batch" => Some(Normalization::Batch),
-        "instance" => Some(Normalization::Instance),
-        "layer" => Some(Normalization::Layer),
-        _ => None,
-    }
+    NORMALIZATION_NAMES
+        .iter()
+        .find(|(_, n)| *n == name)
+        .map(|(norm, _)| *norm)
+}
+
+/// The name a source gives `norm`: the inverse of [`normalization_named`].
+pub(crate) fn normalization_name(norm: Normalization) -> &'static str {
+    NORMALIZATION_NAMES
+        .iter()
+        .find(|(n, _)| *n == norm)
+        .map(|(_, name)| *name)
+        .expect("every normalisation is in the table")
+}
+
+/// Little-endian float32 bytes as values.
+pub(crate) fn f32s_from_le(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// A row-major `[rows, cols]` matrix transposed: PyTorch's `[out, in]` linear weight as
+/// Burn's `[in, out]`, and back.
+pub(crate) fn transposed(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    (0..cols)
+        .flat_map(|c| (0..rows).map(move |r| values[r * cols + c]))
+        .collect()
 }
 
 /// A float tensor of the checkpoint: shape and values, and the name it had there.
@@ -105,10 +135,7 @@ fn read_state_dict(
         }
         let shape = tensor.shape().to_vec();
         let bytes = tensor.read().map_err(|e| not_pytorch(&e))?;
-        let values: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let values = f32s_from_le(&bytes);
         if values.len() != shape.iter().product::<usize>() {
             return Err(not_pytorch(&format!(
                 "`{name}` holds {} values for shape {shape:?}",
@@ -154,9 +181,7 @@ impl Source<'_> {
         let [rows, cols] = w.shape[..] else {
             return Err(self.shape_error(&name, "[out, in]", &w.shape));
         };
-        let values = (0..cols)
-            .flat_map(|c| (0..rows).map(move |r| w.values[r * cols + c]))
-            .collect();
+        let values = transposed(&w.values, rows, cols);
         let weight = Weights {
             shape: vec![cols, rows],
             values,
