@@ -459,6 +459,9 @@ fn train_eval_solve_check() {
     assert!(out.status.success() && csv.exists());
 
     // A run directory that is not one, and a bad strategy: errors, not panics.
+    let out = routeburn().arg("plot").arg(&dir).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a run directory (no metrics.csv)"));
     let out = routeburn()
         .args(["eval", "--strategy", "greedy", "--checkpoint"])
         .arg(&dir)

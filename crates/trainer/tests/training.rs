@@ -344,6 +344,36 @@ fn lr_final_decays_over_the_runs_steps() {
     }
 }
 
+/// `reinforce.leader_alpha` reaches POMO's loss (the advantages themselves are checked by
+/// hand in `reinforce::pomo`): α = 1 is POMO's run exactly, α = 4 learns otherwise from the
+/// same first batch.
+#[test]
+fn leader_alpha_changes_pomo_training_and_1_is_pomo() {
+    let _serial = serial();
+    let mut plain = one_shard(tiny("pomo"));
+    plain.training.epochs = 2;
+    let runs: Vec<Vec<String>> = [None, Some(1.0), Some(4.0)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, alpha)| {
+            let mut config = plain.clone();
+            if let Some(a) = alpha {
+                config.reinforce.leader_alpha = a;
+            }
+            let dir = tmp(&format!("leader-{i}"));
+            train(options(config, &dir, false, None)).unwrap();
+            let got = numbers(&dir);
+            std::fs::remove_dir_all(dir).ok();
+            got
+        })
+        .collect();
+    assert_eq!(runs[0], runs[1]);
+    // The loss column differs from the first epoch; the costs once the weights move.
+    let loss = |run: &[String], epoch: usize| run[epoch].split(',').nth(3).unwrap().to_string();
+    assert_ne!(loss(&runs[0], 0), loss(&runs[2], 0));
+    assert_ne!(runs[0][1], runs[2][1]);
+}
+
 fn one_shard(mut config: Config) -> Config {
     config.training.shards = Some(1);
     config
@@ -496,6 +526,15 @@ fn config_errors_name_the_key() {
         (
             TINY.replace("batch_size = 16", "batch_size = 0"),
             "training.batch_size",
+        ),
+        // Leader Reward needs POMO's multi-start tours, and an α of at least 1.
+        (
+            TINY.replace("warmup_epochs = 1", "warmup_epochs = 1\nleader_alpha = 4.0"),
+            "reinforce.leader_alpha",
+        ),
+        (
+            TINY.replace("\"rollout\"", "\"pomo\"\nleader_alpha = 0.5"),
+            "reinforce.leader_alpha",
         ),
         (
             TINY.replace("batches_per_epoch = 3", "batches_per_epoch = 0"),

@@ -16,7 +16,14 @@ pub struct PlotArgs {
 }
 
 pub fn run(args: PlotArgs) -> Result<ExitCode, TrainError> {
-    let curves = read_curves(&args.run_dir.join("metrics.csv"))?;
+    let metrics = args.run_dir.join("metrics.csv");
+    if !metrics.is_file() {
+        return Err(TrainError::Input(format!(
+            "{}: not a run directory (no metrics.csv); expected a directory `routeburn train` wrote",
+            args.run_dir.display()
+        )));
+    }
+    let curves = read_curves(&metrics)?;
     let out = args.out.unwrap_or_else(|| args.run_dir.join("curves.svg"));
     crate::atomic::create_parent(&out)?;
     let title = format!("routeburn: {}", args.run_dir.display());

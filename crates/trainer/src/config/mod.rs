@@ -350,6 +350,9 @@ pub struct ReinforceConfig {
     pub baseline_eval_size: usize,
     /// Significance level of the one-sided paired t-test.
     pub baseline_alpha: f64,
+    /// Leader Reward's α (POMO only): each instance's best sampled tour has its advantage
+    /// multiplied by this; 1 is POMO's own.
+    pub leader_alpha: f64,
 }
 
 impl Default for ReinforceConfig {
@@ -361,6 +364,7 @@ impl Default for ReinforceConfig {
             warmup_epochs: 1,
             baseline_eval_size: 10_000,
             baseline_alpha: 0.05,
+            leader_alpha: 1.0,
         }
     }
 }
@@ -781,6 +785,18 @@ impl ReinforceConfig {
             "reinforce.baseline_alpha",
             "in (0, 1)",
             self.baseline_alpha,
+        )?;
+        check(
+            self.leader_alpha.is_finite() && self.leader_alpha >= 1.0,
+            "reinforce.leader_alpha",
+            "a number at least 1",
+            self.leader_alpha,
+        )?;
+        check(
+            self.baseline == BaselineKind::Pomo || self.leader_alpha == 1.0,
+            "reinforce.leader_alpha",
+            "1 unless `reinforce.baseline = \"pomo\"` (the leader is the best of an instance's multi-start tours)",
+            self.leader_alpha,
         )?;
         check(
             self.baseline != BaselineKind::Rollout || self.baseline_eval_size >= 2,

@@ -45,6 +45,12 @@ pub(crate) trait Baseline: Send + Sync {
         decoded: Option<Tours>,
     ) -> Result<Vec<f64>, TrainError>;
 
+    /// Each tour's advantage, which the loss multiplies by its log-likelihood: its cost
+    /// less its baseline value.
+    fn advantages(&self, costs: &[f64], values: &[f64], _rows_per_instance: usize) -> Vec<f64> {
+        costs.iter().zip(values).map(|(c, b)| c - b).collect()
+    }
+
     /// Kool's `epoch_callback`, with an inference copy of the trained model: whether the
     /// baseline changed.
     fn end_epoch(&mut self, _model: &AttentionModel, _verbose: bool) -> Result<bool, TrainError> {

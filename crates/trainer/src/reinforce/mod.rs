@@ -38,10 +38,11 @@ pub(crate) struct Reinforce {
     shards: Shards,
 }
 
-/// The costs of a step's sampled tours and their baseline values.
+/// The costs of a step's sampled tours, their baseline values and advantages.
 struct Valued {
     costs: Vec<f64>,
     baselines: Vec<f64>,
+    advantages: Vec<f64>,
 }
 
 impl TrainingMethod for Reinforce {
@@ -213,7 +214,12 @@ impl Reinforce {
             rows_per_instance: 1,
         });
         let baselines = self.baseline.values(batch, &costs, rows, decoded)?;
-        Ok(Valued { costs, baselines })
+        let advantages = self.baseline.advantages(&costs, &baselines, rows);
+        Ok(Valued {
+            costs,
+            baselines,
+            advantages,
+        })
     }
 }
 
@@ -225,9 +231,7 @@ fn shard_losses(
     device: &Device,
 ) -> Vec<(AttentionModel, Tensor<1>)> {
     let total_rows = valued.costs.len();
-    let advantage: Vec<f32> = (valued.costs.iter().zip(&valued.baselines))
-        .map(|(c, b)| (c - b) as f32)
-        .collect();
+    let advantage: Vec<f32> = valued.advantages.iter().map(|&a| a as f32).collect();
     // One upload for the batch; each shard takes its rows.
     let advantage = Tensor::<1>::from_data(TensorData::new(advantage, [total_rows]), device);
     let mut first_row = 0;
@@ -253,7 +257,9 @@ fn baseline_for_run(
     let state = setup.resume.map(|(_, s)| &s.baseline);
     Ok(match r.baseline {
         BaselineKind::Exponential => Box::new(ExponentialBaseline::restore(r.exp_beta, state)),
-        BaselineKind::Pomo => Box::new(SharedBaseline),
+        BaselineKind::Pomo => Box::new(SharedBaseline {
+            leader_alpha: r.leader_alpha,
+        }),
         BaselineKind::Rollout => Box::new(RolloutBaseline::for_run(setup, generator, model)?),
     })
 }
