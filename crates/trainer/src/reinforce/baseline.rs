@@ -48,7 +48,7 @@ pub(crate) trait Baseline: Send + Sync {
     /// Each tour's advantage, which the loss multiplies by its log-likelihood: its cost
     /// less its baseline value.
     fn advantages(&self, costs: &[f64], values: &[f64], _rows_per_instance: usize) -> Vec<f64> {
-        costs.iter().zip(values).map(|(c, b)| c - b).collect()
+        cost_less_value(costs, values)
     }
 
     /// Kool's `epoch_callback`, with an inference copy of the trained model: whether the
@@ -61,4 +61,9 @@ pub(crate) trait Baseline: Send + Sync {
     fn save(&self, _dir: &Path, _state: &mut BaselineState) -> Result<(), TrainError> {
         Ok(())
     }
+}
+
+/// Each tour's cost less its baseline value: REINFORCE's advantage.
+pub(crate) fn cost_less_value(costs: &[f64], values: &[f64]) -> Vec<f64> {
+    costs.iter().zip(values).map(|(c, b)| c - b).collect()
 }

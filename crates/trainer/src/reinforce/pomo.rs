@@ -7,7 +7,7 @@ use routeburn_data::Batch;
 
 use crate::error::TrainError;
 use crate::evaluate::mean;
-use crate::reinforce::baseline::{Baseline, Tours};
+use crate::reinforce::baseline::{cost_less_value, Baseline, Tours};
 
 pub(crate) struct SharedBaseline {
     /// α of Leader Reward (`reinforce.leader_alpha`); 1 is POMO's plain advantage.
@@ -33,21 +33,13 @@ impl Baseline for SharedBaseline {
     }
 
     fn advantages(&self, costs: &[f64], values: &[f64], rows_per_instance: usize) -> Vec<f64> {
-        let mut advantages: Vec<f64> = costs.iter().zip(values).map(|(c, b)| c - b).collect();
+        let mut advantages = cost_less_value(costs, values);
         if self.leader_alpha != 1.0 {
             for (instance, costs) in costs.chunks(rows_per_instance).enumerate() {
-                // The first of equally short tours leads, so a run repeats exactly.
-                let leader =
-                    (0..costs.len()).fold(
-                        0,
-                        |best, i| {
-                            if costs[i] < costs[best] {
-                                i
-                            } else {
-                                best
-                            }
-                        },
-                    );
+                // `min_by` keeps the first of equally short tours, so a run repeats exactly.
+                let (leader, _) = (costs.iter().enumerate())
+                    .min_by(|a, b| a.1.total_cmp(b.1))
+                    .expect("an instance has tours");
                 advantages[instance * rows_per_instance + leader] *= self.leader_alpha;
             }
         }
