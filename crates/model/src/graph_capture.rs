@@ -55,6 +55,12 @@ impl<'a, P: Policy> RecordedDecode<'a, P> {
         // reads the buffer itself, which each replay's batch overwrites.
         let decode = || policy.decode(&DeviceBatch::from_flat(&inputs, batch), options);
         let (graph, output) = record(device, decode)?;
+        // A recording launches nothing: the first replay decodes the recorded batch,
+        // whose values `inputs` already holds.
+        // SAFETY: as in `replay`; every buffer the graph uses is alive (`policy`, `inputs`,
+        // `output`, the pinned intermediates).
+        unsafe { Dispatch::graph_replay(device.as_dispatch(), &graph) }
+            .map_err(|e| reason("replaying the graph", e))?;
         let actions = output.actions.clone();
         let recorded = Self {
             _policy: std::marker::PhantomData,

@@ -46,6 +46,8 @@ pub struct CvrpState {
     used_capacity: Tensor<2>,
     /// `[B, 1]` node the vehicle stands at.
     last_node: Tensor<2, Int>,
+    /// `[1, N]` 0, 1, …, n: each column's node, to mark the one a step serves.
+    node_ids: Tensor<2, Int>,
     /// Slack when a load is compared with the capacity.
     tolerance: f32,
 }
@@ -78,6 +80,7 @@ impl CvrpState {
             visited: Tensor::<2>::zeros([b, n], &device).bool(),
             used_capacity: Tensor::zeros([b, 1], &device),
             last_node: Tensor::zeros([b, 1], &device),
+            node_ids: Tensor::<1, Int>::arange(0..n as i64, &device).reshape([1, n]),
             demands,
             capacity,
             tolerance,
@@ -137,11 +140,13 @@ impl CvrpState {
 
     /// Moves each vehicle to `action` (`[B, 1]`): a depot visit starts a new route.
     pub fn step(&mut self, action: Tensor<2, Int>) {
-        let [_, n] = self.demands.dims();
+        let [b, n] = self.demands.dims();
         let to_depot = action.clone().equal_elem(0); // [B, 1]
         let demand = self.demands.clone().gather(1, action.clone()); // [B, 1]
         self.used_capacity = (self.used_capacity.clone() + demand).mask_fill(to_depot, 0.0);
-        let served = action.clone().squeeze_dim::<1>(1).one_hot::<2>(n).bool(); // [B, N]
+        // Not `one_hot`: Burn 0.22.1 checks its indices with a device read (`into_scalar`),
+        // a host sync at every step, which a CUDA graph cannot record (error 907).
+        let served = (self.node_ids.clone().expand([b, n])).equal(action.clone().expand([b, n])); // [B, N]
         self.visited = self.visited.clone().bool_or(served);
         self.last_node = action;
     }
