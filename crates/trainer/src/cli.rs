@@ -93,11 +93,10 @@ pub fn exit_code(e: &TrainError) -> u8 {
     }
 }
 
-/// Burn 0.22.1 builds a loaded optimizer's state on `Device::default()` and moves it to
-/// each parameter's device at the next step (`ModuleOptimizer::load_record`); in a binary
-/// with cuda compiled in, the default is CUDA, so resuming a CPU run on a machine without
-/// a GPU panicked. A CPU default is always there; routeburn names every device it uses
-/// itself. Runs first in `main`, before any thread exists; `BURN_DEVICE` set by the user
+/// Burn 0.22.1 builds some state on `Device::default()`, which in a binary with cuda
+/// compiled in is CUDA: its `ModuleOptimizer::load_record` did, so resuming a CPU run on a
+/// machine without a GPU panicked (routeburn's own Adam now loads onto the run's device). A
+/// CPU default is always there; routeburn names every device it uses itself. Runs first in `main`, before any thread exists; `BURN_DEVICE` set by the user
 /// is kept.
 fn pin_default_device() {
     if std::env::var_os("BURN_DEVICE").is_none() {

@@ -8,8 +8,8 @@ pub mod cli;
 pub mod config;
 pub mod error;
 
+mod adam;
 mod atomic;
-mod clip;
 mod commands;
 mod evaluate;
 mod export;

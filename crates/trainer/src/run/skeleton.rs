@@ -11,15 +11,13 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use burn::module::Module;
-use burn::optim::decay::WeightDecayConfig;
-use burn::optim::{AdamConfig, ModuleOptimizer};
 use burn::tensor::{Device, DeviceConfig, FloatDType, Tensor};
 use indicatif::ProgressBar;
 use routeburn_data::InstanceRng;
 use routeburn_model::Backend;
 
+use crate::adam::Adam;
 use crate::atomic::write_atomic;
-use crate::clip::clip_global_norm;
 use crate::config::{Config, Precision};
 use crate::error::TrainError;
 use crate::run::checkpoint::{
@@ -191,7 +189,7 @@ struct Run<M: TrainingMethod> {
     checkpoints: Checkpoints,
     metrics_path: PathBuf,
     model: M::Model,
-    optimizer: ModuleOptimizer,
+    optimizer: Adam,
     rngs: RunRngs,
     method: M,
     validation: ValidationSet,
@@ -232,12 +230,8 @@ impl<M: TrainingMethod> Run<M> {
         let mut model = seeded(&train_device, Some(t.seed), || {
             M::init_model(config, &train_device)
         })?;
-        let weight_decay =
-            (t.weight_decay > 0.0).then(|| WeightDecayConfig::new(t.weight_decay as f32));
-        let mut optimizer = AdamConfig::new()
-            .with_epsilon(1e-8)
-            .with_weight_decay(weight_decay)
-            .init();
+        let weight_decay = (t.weight_decay > 0.0).then_some(t.weight_decay as f32);
+        let mut optimizer = Adam::new(weight_decay, &device);
         let mut rngs = RunRngs {
             train: InstanceRng::new(t.seed ^ TRAIN_STREAM),
             noise: InstanceRng::new(t.seed ^ NOISE_STREAM),
@@ -252,7 +246,7 @@ impl<M: TrainingMethod> Run<M> {
         };
         match &resumed {
             Some((dir, state)) => {
-                (model, optimizer) = load_training_state(model, optimizer, dir)?;
+                (model, optimizer) = load_training_state(model, optimizer, dir, &device)?;
                 rngs.train = state.train_rng.clone();
                 rngs.noise = state.noise_rng.clone();
             }
@@ -346,7 +340,7 @@ impl<M: TrainingMethod> Run<M> {
             };
             let out = self.method.step(&self.model, ctx)?;
             totals.add(&out);
-            self.learn(out.learned, lr, &mut times, &mut stats);
+            self.learn(out.learned, lr, &mut times, &mut stats)?;
             let left = self.time_left();
             show_progress(&progress, step, (&totals, &stats), epoch_start, left);
             interrupt::step_done();
@@ -526,20 +520,21 @@ impl<M: TrainingMethod> Run<M> {
         lr: f64,
         times: &mut PhaseTimes,
         stats: &mut StepStats,
-    ) {
+    ) -> Result<(), TrainError> {
         let ShardedStep {
             loss,
-            mut grads,
+            grads,
             running,
         } = learned;
         times.time(Phase::Optimizer, || {
-            self.model = running.apply(self.model.clone());
+            let model = running.apply(self.model.clone());
             let max_norm = self.opts.config.training.max_grad_norm;
-            let norm = clip_global_norm(&self.model, &mut grads, max_norm)
-                .unwrap_or_else(|| Tensor::zeros([1], &self.device));
-            self.model = self.optimizer.step(lr, self.model.clone(), grads);
+            let (model, norm) = self.optimizer.step(lr, model, grads, max_norm)?;
+            self.model = model;
+            let norm = norm.unwrap_or_else(|| Tensor::zeros([1], &self.device));
             stats.set_pending(Tensor::cat(vec![loss.without_autodiff(), norm], 0));
-        });
+            Ok(())
+        })
     }
 
     /// The summary, the metrics row, then (at the checkpoint cadence, after the last epoch
@@ -599,9 +594,7 @@ impl<M: TrainingMethod> Run<M> {
         let write = |dir: &Path| {
             save_module(&self.model, &dir.join(MODEL_FILE), "model")?;
             let p = dir.join(OPTIMIZER_FILE);
-            self.optimizer
-                .save(&p)
-                .map_err(|e| record_error(&p, "optimizer (saving)", e))?;
+            self.optimizer.save(&self.model, &p)?;
             let mut baseline = BaselineState::default();
             self.method.save(dir, &mut baseline)?;
             let rngs = [&self.rngs.train, &self.rngs.noise];
@@ -695,9 +688,10 @@ fn resolve_shards(opts: &TrainOptions) -> usize {
 /// The model and optimizer of a checkpoint directory.
 fn load_training_state<T: Module>(
     model: T,
-    optimizer: ModuleOptimizer,
+    optimizer: Adam,
     dir: &Path,
-) -> Result<(T, ModuleOptimizer), TrainError> {
+    device: &Device,
+) -> Result<(T, Adam), TrainError> {
     let model_path = dir.join(MODEL_FILE);
     let model = model
         .try_load_file(&model_path)
@@ -709,9 +703,7 @@ fn load_training_state<T: Module>(
             "no optimizer state to resume with (a model from `routeburn import`? start a run from it with `train --init-from`)",
         ));
     }
-    let optimizer = optimizer
-        .load(&opt_path)
-        .map_err(|e| record_error(&opt_path, "optimizer state", e))?;
+    let optimizer = optimizer.load(&model, &opt_path, device)?;
     Ok((model, optimizer))
 }
 
