@@ -656,6 +656,41 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    /// A model and its optimizer file after two steps.
+    fn saved() -> &'static (Net, Vec<u8>) {
+        static SAVED: std::sync::OnceLock<(Net, Vec<u8>)> = std::sync::OnceLock::new();
+        SAVED.get_or_init(|| {
+            let device = device();
+            let (mut model, mut adam) = (net(&device, 5), adam(None, false));
+            for step in 0..2 {
+                let g = grads(&model, step, &device);
+                model = adam.step(1e-2, model, g, 1.0).unwrap().0;
+            }
+            let path = std::env::temp_dir().join(format!("adam-saved-{}.bpk", std::process::id()));
+            adam.save(&model, &path).unwrap();
+            let bytes = std::fs::read(&path).unwrap();
+            std::fs::remove_file(path).unwrap();
+            (model, bytes)
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 200, ..crate::mutate::config() })]
+
+        /// Any optimizer file gives moments or an error naming the file, never a panic.
+        #[test]
+        fn a_damaged_file_never_panics(bytes in crate::mutate::mutated(vec![saved().1.clone()])) {
+            let path = std::env::temp_dir().join(format!("adam-fuzz-{}.bpk", std::process::id()));
+            std::fs::write(&path, &bytes).unwrap();
+            let inner = device().inner();
+            let result = adam(None, true).load(&saved().0, &path, &inner);
+            std::fs::remove_file(&path).unwrap();
+            if let Err(e) = result {
+                proptest::prop_assert!(e.to_string().contains("adam-fuzz"), "{}", e);
+            }
+        }
+    }
+
     #[test]
     fn clips_to_the_global_norm() {
         let device = Backend::default_compiled().unwrap().device().unwrap();

@@ -96,8 +96,8 @@ pub fn exit_code(e: &TrainError) -> u8 {
 /// Burn 0.22.1 builds some state on `Device::default()`, which in a binary with cuda
 /// compiled in is CUDA: its `ModuleOptimizer::load_record` did, so resuming a CPU run on a
 /// machine without a GPU panicked (routeburn's own Adam now loads onto the run's device). A
-/// CPU default is always there; routeburn names every device it uses itself. Runs first in `main`, before any thread exists; `BURN_DEVICE` set by the user
-/// is kept.
+/// CPU default is always there; routeburn names every device it uses itself. Runs first in
+/// `main`, before any thread exists; `BURN_DEVICE` set by the user is kept.
 fn pin_default_device() {
     if std::env::var_os("BURN_DEVICE").is_none() {
         let cpu = match () {
