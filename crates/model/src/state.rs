@@ -146,7 +146,11 @@ impl CvrpState {
         self.used_capacity = (self.used_capacity.clone() + demand).mask_fill(to_depot, 0.0);
         // Not `one_hot`: Burn 0.22.1 checks its indices with a device read (`into_scalar`),
         // a host sync at every step, which a CUDA graph cannot record (error 907).
-        let served = (self.node_ids.clone().expand([b, n])).equal(action.clone().expand([b, n])); // [B, N]
+        let served = self
+            .node_ids
+            .clone()
+            .expand([b, n])
+            .equal(action.clone().expand([b, n])); // [B, N]
         self.visited = self.visited.clone().bool_or(served);
         self.last_node = action;
     }

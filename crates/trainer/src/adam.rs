@@ -17,7 +17,7 @@
 //! devices, checkpoints written by Burn's `ModuleOptimizer` (routeburn before this) resume
 //! here, and Burn's optimizer reads these.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
@@ -64,8 +64,6 @@ struct Slot {
     id: ParamId,
     dims: Vec<usize>,
     offset: usize,
-    /// The module path, which Burn's files keep to match parameter groups.
-    path: String,
 }
 
 impl Slot {
@@ -221,6 +219,7 @@ impl Adam {
                 time: moments.time,
                 slots,
                 record: &mut record,
+                path: Vec::new(),
             });
         }
         record.into_writer().write_to_file(path).map_err(|e| {
@@ -240,7 +239,6 @@ impl Adam {
         let unreadable = |e: burn_pack::Error| bad(format!("cannot read the optimizer state: {e}"));
         let reader = burn_pack::Reader::from_file(path).map_err(unreadable)?;
         let mut source = StateSource::new(reader.scalars().clone());
-        let paths = reader.metadata().clone();
         let tensors = reader.into_tensors().map_err(unreadable)?;
         let stored = tensors.len();
         for tensor in tensors {
@@ -249,7 +247,6 @@ impl Adam {
         }
         let mut unflatten = Unflatten {
             source: &mut source,
-            paths: &paths,
             device,
             items: Vec::new(),
         };
@@ -305,7 +302,6 @@ fn clip_global_norm(grads: Vec<Tensor<1>>, max_norm: f64) -> (Vec<Tensor<1>>, Te
 struct Gather<'a> {
     grads: &'a mut GradientsParams,
     with_params: bool,
-    path: Vec<String>,
     items: Vec<(Slot, (Tensor<1>, Option<Tensor<1>>))>,
 }
 
@@ -314,21 +310,12 @@ impl<'a> Gather<'a> {
         Self {
             grads,
             with_params,
-            path: Vec::new(),
             items: Vec::new(),
         }
     }
 }
 
 impl ModuleVisitor for Gather<'_> {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_string());
-    }
-
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         let Some(grad) = self.grads.remove::<D>(param.id) else {
             return;
@@ -340,7 +327,6 @@ impl ModuleVisitor for Gather<'_> {
             id: param.id,
             dims,
             offset: 0,
-            path: self.path.join("."),
         };
         self.items.push((slot, (grad.reshape([n]), value)));
     }
@@ -415,9 +401,19 @@ struct Flatten<'a> {
     time: usize,
     slots: HashMap<ParamId, (&'a Segment, &'a Slot)>,
     record: &'a mut Record,
+    /// The module path, which Burn's files keep to match parameter groups.
+    path: Vec<String>,
 }
 
 impl ModuleVisitor for Flatten<'_> {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         let Some(&(segment, slot)) = self.slots.get(&param.id) else {
             return;
@@ -441,14 +437,13 @@ impl ModuleVisitor for Flatten<'_> {
         self.record.scalars.extend(sink.scalars);
         let rank_key = format!("{prefix}.{RANK_KEY}");
         self.record.scalars.push((rank_key, Scalar::from(D)));
-        self.record.paths.push((prefix, slot.path.clone()));
+        self.record.paths.push((prefix, self.path.join(".")));
     }
 }
 
 /// Rebuilds each parameter's `AdamState` from a file, in the model's order.
 struct Unflatten<'a> {
     source: &'a mut StateSource,
-    paths: &'a BTreeMap<String, String>,
     device: &'a Device,
     /// Each parameter's slot, its moments flat, and its step count.
     items: Vec<(Slot, (Tensor<1>, Tensor<1>, usize))>,
@@ -506,7 +501,6 @@ impl ModuleVisitor for Unflatten<'_> {
             id: param.id,
             dims,
             offset: 0,
-            path: self.paths.get(&prefix).cloned().unwrap_or_default(),
         };
         let moments = (m.moment_1.reshape([n]), m.moment_2.reshape([n]), m.time);
         self.items.push((slot, moments));
