@@ -753,6 +753,7 @@ mod tests {
     #[cfg(feature = "cpu")]
     #[test]
     fn cube_step_matches_op_by_op_on_cubecl_cpu() {
+        let _alone = crate::test_values::one_cube_test_at_a_time();
         let device = Backend::Cpu.device().unwrap();
         let cases = [
             (8, 1, 7, 4, 4, 1.0),
@@ -778,6 +779,7 @@ mod tests {
     #[cfg(all(feature = "cpu", feature = "flex"))]
     #[test]
     fn cube_decode_at_highest_matches_flex() {
+        let _alone = crate::test_values::one_cube_test_at_a_time();
         use burn::module::Module;
         use routeburn_data::{Generator, InstanceRng};
         let (flex, cpu) = (

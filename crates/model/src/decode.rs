@@ -176,7 +176,7 @@ pub(crate) fn rollout(
                 // Detached: the choice carries no gradient, and on an autodiff device
                 // the CDF's operations would each be recorded in the graph.
                 let uniform = noise.clone().slice_dim(1, step..step + 1);
-                sample_inverse_cdf(log_p.clone().detach(), uniform)
+                sample_inverse_cdf(log_p.clone().detach(), uniform, stable)
             }
         };
         record.push_log_prob(log_p.gather(1, action.clone())); // [R, 1]
@@ -376,15 +376,21 @@ pub(crate) fn repeat_rows<const D: usize>(t: Tensor<D>, times: usize) -> Tensor<
 ///
 /// # Shapes
 /// - `log_p`: `[R, N]`, `uniform`: `[R, 1]` in (0, 1) → `[R, 1]`
-fn sample_inverse_cdf(log_p: Tensor<2>, uniform: Tensor<2>) -> Tensor<2, Int> {
+///
+/// With `fusable` (CubeCL devices), the same count without the expand and the
+/// boolean-to-integer cast, which each end a fused chain there (see `CvrpState`).
+fn sample_inverse_cdf(log_p: Tensor<2>, uniform: Tensor<2>, fusable: bool) -> Tensor<2, Int> {
     let [r, n] = log_p.dims();
     let cdf = log_p.exp().cumsum(1); // [R, N]
     let total = cdf.clone().slice_dim(1, n - 1..n); // [R, 1]
-    let threshold = (uniform * total).expand([r, n]); // [R, N]
-    cdf.lower(threshold)
-        .int()
-        .sum_dim(1)
-        .clamp_max((n - 1) as i64) // [R, 1]
+    let below = match fusable {
+        true => {
+            let below = cdf.clone().lower(uniform * total); // [R, N], broadcast
+            Tensor::<2, Int>::zeros([r, n], &cdf.device()).mask_fill(below, 1)
+        }
+        false => cdf.lower((uniform * total).expand([r, n])).int(), // [R, N]
+    };
+    below.sum_dim(1).clamp_max((n - 1) as i64) // [R, 1]
 }
 
 #[cfg(test)]
@@ -401,6 +407,24 @@ mod tests {
             due(FinishChecks::Every { from: 23, every: 4 }),
             [23, 27, 31, 35, 39]
         );
+    }
+
+    /// Inverting the CDF by hand: row 0 has probabilities 0.5, 0 (masked), 0.25, 0.25, so
+    /// a uniform u picks the first node whose CDF reaches u: [0, 0.5] node 0, (0.5, 0.75]
+    /// node 2, (0.75, 1) node 3. Both forms agree, and neither picks the masked node.
+    #[test]
+    fn sampling_forms_pick_the_nodes_the_cdf_gives() {
+        let device = Device::flex();
+        let p = [0.5f32, 0.0, 0.25, 0.25];
+        let uniforms = [0.01f32, 0.49, 0.5, 0.6, 0.74, 0.76, 0.99];
+        let log_p: Vec<f32> = uniforms.iter().flat_map(|_| p.map(f32::ln)).collect();
+        let log_p = Tensor::<2>::from_data(TensorData::new(log_p, [7, 4]), &device);
+        let uniform = Tensor::<2>::from_data(TensorData::new(uniforms.to_vec(), [7, 1]), &device);
+        for fusable in [false, true] {
+            let picked = sample_inverse_cdf(log_p.clone(), uniform.clone(), fusable);
+            let picked: Vec<i64> = picked.into_data().iter::<i64>().collect();
+            assert_eq!(picked, [0, 0, 0, 2, 2, 3, 3], "fusable {fusable}");
+        }
     }
 
     /// Both records give the same actions (the in-place one padded with zeros to 2n) and

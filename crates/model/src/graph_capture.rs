@@ -317,6 +317,7 @@ mod tests {
     #[cfg(feature = "cpu")]
     #[test]
     fn cube_write_in_place_refreshes_a_decodes_inputs() {
+        let _alone = crate::test_values::one_cube_test_at_a_time();
         let device = Backend::Cpu.device().unwrap();
         let model = small_model(&device);
         let options = DecodeOptions::greedy();

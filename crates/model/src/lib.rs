@@ -14,6 +14,7 @@ pub mod decode;
 pub mod decoder_step;
 pub mod encoder;
 pub mod graph_capture;
+pub mod launches;
 mod linear;
 mod mask_kernel;
 pub mod matmul;
@@ -43,6 +44,15 @@ pub use state::{CvrpState, LoadArithmetic};
 /// Inputs the unit tests share.
 #[cfg(test)]
 mod test_values {
+    /// Held by the tests that launch CubeCL kernels: the launch counter
+    /// ([`crate::launches`]) sees every launch of the process.
+    #[cfg(feature = "cpu")]
+    pub(crate) fn one_cube_test_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+        static CUBE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        CUBE.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Deterministic values in [-scale, scale] from a small LCG.
     pub(crate) fn pseudo_random(len: usize, seed: u64, scale: f32) -> Vec<f32> {
         let mut x = seed

@@ -40,8 +40,8 @@ pub struct CvrpState {
     demands: Tensor<2>,
     /// `[B, 1]` vehicle capacity.
     capacity: Tensor<2>,
-    /// `[B, N]` customers already served (the depot column stays false).
-    visited: Tensor<2, Bool>,
+    /// `[B, N]` customers already served (the depot column stays unserved).
+    visited: Visited,
     /// `[B, 1]` load of the current route.
     used_capacity: Tensor<2>,
     /// `[B, 1]` node the vehicle stands at.
@@ -50,6 +50,24 @@ pub struct CvrpState {
     node_ids: Tensor<2, Int>,
     /// Slack when a load is compared with the capacity.
     tolerance: f32,
+}
+
+/// Which customers are served, in the form the device's operations take best.
+///
+/// On CubeCL devices Burn's fusion compiles elementwise chains into one kernel, but a
+/// boolean `or`, `and` or `not`, a slice, an expand or a `cat` ends the chain: composed
+/// of those, the mask and the step were ~12 kernel launches a decode step. There the
+/// state keeps 0/1 floats and decides with comparisons, masked fills and one sum, which
+/// fuse ([`CvrpState::mask`], [`CvrpState::step`]); elsewhere it keeps booleans.
+#[derive(Debug, Clone)]
+enum Visited {
+    Flags(Tensor<2, Bool>),
+    /// `[B, N]` 1 where served, 0 elsewhere; with `is_customer` `[1, N]`, 0 at the depot
+    /// and 1 elsewhere.
+    Ones {
+        served: Tensor<2>,
+        is_customer: Tensor<2>,
+    },
 }
 
 impl CvrpState {
@@ -67,6 +85,18 @@ impl CvrpState {
         capacity: Tensor<2>,
         arithmetic: LoadArithmetic,
     ) -> Self {
+        let fusable = crate::backend::runs_through_cubecl(&demands.device());
+        Self::in_form(demands, capacity, arithmetic, fusable)
+    }
+
+    /// [`CvrpState::with_arithmetic`], with the served customers as 0/1 floats when
+    /// `fusable` (the form CubeCL devices get, see [`Visited`]).
+    fn in_form(
+        demands: Tensor<2>,
+        capacity: Tensor<2>,
+        arithmetic: LoadArithmetic,
+        fusable: bool,
+    ) -> Self {
         let [b, n] = demands.dims();
         let device = demands.device();
         let (demands, capacity, tolerance) = match arithmetic {
@@ -77,7 +107,16 @@ impl CvrpState {
             }
         };
         Self {
-            visited: Tensor::<2>::zeros([b, n], &device).bool(),
+            visited: match fusable {
+                true => Visited::Ones {
+                    served: Tensor::zeros([b, n], &device),
+                    is_customer: Tensor::<1, Int>::arange(0..n as i64, &device)
+                        .reshape([1, n])
+                        .clamp_max(1)
+                        .float(),
+                },
+                false => Visited::Flags(Tensor::<2>::zeros([b, n], &device).bool()),
+            },
             used_capacity: Tensor::zeros([b, 1], &device),
             last_node: Tensor::zeros([b, 1], &device),
             node_ids: Tensor::<1, Int>::arange(0..n as i64, &device).reshape([1, n]),
@@ -98,25 +137,57 @@ impl CvrpState {
         self.last_node.clone()
     }
 
-    /// `[B, N]` true where a node may not be chosen next: one operation on flex, Burn's
-    /// tensor operations elsewhere.
+    /// `[B, N]` true where a node may not be chosen next: one operation on flex, operations
+    /// CubeCL fuses on CubeCL devices, Burn's tensor operations elsewhere.
     pub fn mask(&self) -> Tensor<2, Bool> {
+        let visited = match &self.visited {
+            Visited::Ones { .. } => return self.mask_fusable(),
+            Visited::Flags(visited) => visited,
+        };
         if crate::backend::runs_on_flex(&self.demands.device()) {
             return crate::mask_kernel::fused(crate::mask_kernel::MaskInputs {
                 demands: self.demands.clone(),
                 used_capacity: self.used_capacity.clone(),
                 capacity: self.capacity.clone(),
-                visited: self.visited.clone(),
+                visited: visited.clone(),
                 last_node: self.last_node.clone(),
                 tolerance: self.tolerance,
             });
         }
-        self.mask_op_by_op()
+        self.mask_op_by_op(visited.clone())
     }
 
-    /// [`CvrpState::mask`] in Burn's tensor operations: what backends other than flex run,
-    /// and the reference the fused form is tested against.
-    fn mask_op_by_op(&self) -> Tensor<2, Bool> {
+    /// [`CvrpState::mask`] from 0/1 floats: the same comparison, then only operations
+    /// CubeCL's fusion joins (no boolean logic, slice or cat).
+    fn mask_fusable(&self) -> Tensor<2, Bool> {
+        let [b, _] = self.demands.dims();
+        let Visited::Ones {
+            served,
+            is_customer,
+        } = &self.visited
+        else {
+            unreachable!("the 0/1 form's mask");
+        };
+        // `demand + load > capacity`, added in this order: Kool's float32 test exactly.
+        let too_heavy = (self.demands.clone() + self.used_capacity.clone())
+            .greater(self.capacity.clone().add_scalar(self.tolerance)); // [B, N]
+        let blocked = served.clone().mask_fill(too_heavy, 1.0) * is_customer.clone(); // [B, N]
+        let open_customers = (is_customer.clone() - blocked.clone()).sum_dim(1); // [B, 1]
+
+        // At the depot with a customer left to serve: the depot is shut.
+        let depot_blocked = Tensor::<2>::zeros([b, 1], &self.demands.device())
+            .mask_fill(open_customers.greater_elem(0.5), 1.0)
+            .mask_fill(self.last_node.clone().greater_elem(0), 0.0); // [B, 1]
+
+        // Computed here, not kept: as one more input of the fused chain it tipped CubeCL's
+        // fusion into running the whole step's chain op by op (benches/README, Session 33).
+        let is_depot = is_customer.clone().neg().add_scalar(1.0); // [1, N]
+        (blocked + depot_blocked * is_depot).greater_elem(0.5)
+    }
+
+    /// [`CvrpState::mask`] in Burn's tensor operations: what backends other than flex and
+    /// CubeCL run, and the reference the other forms are tested against.
+    fn mask_op_by_op(&self, visited: Tensor<2, Bool>) -> Tensor<2, Bool> {
         let [b, n] = self.demands.dims();
         // `demand + load > capacity`, added in this order: Kool's float32 test exactly.
         let too_heavy = (self.demands.clone() + self.used_capacity.clone().expand([b, n])).greater(
@@ -125,7 +196,7 @@ impl CvrpState {
                 .add_scalar(self.tolerance)
                 .expand([b, n]),
         ); // [B, N]
-        let customer_mask = self.visited.clone().bool_or(too_heavy).slice([0..b, 1..n]); // [B, n]
+        let customer_mask = visited.bool_or(too_heavy).slice([0..b, 1..n]); // [B, n]
         let any_customer_feasible = customer_mask.clone().bool_not().any_dim(1); // [B, 1]
         let at_depot = self.last_node.clone().equal_elem(0); // [B, 1]
         let depot_mask = at_depot.bool_and(any_customer_feasible); // [B, 1]
@@ -134,8 +205,12 @@ impl CvrpState {
 
     /// `[B, 1]` true where every customer has been served.
     pub fn finished(&self) -> Tensor<2, Bool> {
-        let [b, n] = self.visited.dims();
-        self.visited.clone().slice([0..b, 1..n]).all_dim(1)
+        let visited = match &self.visited {
+            Visited::Flags(visited) => visited.clone(),
+            Visited::Ones { served, .. } => served.clone().greater_elem(0.5),
+        };
+        let [b, n] = visited.dims();
+        visited.slice([0..b, 1..n]).all_dim(1)
     }
 
     /// Moves each vehicle to `action` (`[B, 1]`): a depot visit starts a new route.
@@ -143,15 +218,29 @@ impl CvrpState {
         let [b, n] = self.demands.dims();
         let to_depot = action.clone().equal_elem(0); // [B, 1]
         let demand = self.demands.clone().gather(1, action.clone()); // [B, 1]
-        self.used_capacity = (self.used_capacity.clone() + demand).mask_fill(to_depot, 0.0);
+        self.used_capacity = (self.used_capacity.clone() + demand).mask_fill(to_depot.clone(), 0.0);
         // Not `one_hot`: Burn 0.22.1 checks its indices with a device read (`into_scalar`),
         // a host sync at every step, which a CUDA graph cannot record (error 907).
-        let served = self
-            .node_ids
-            .clone()
-            .expand([b, n])
-            .equal(action.clone().expand([b, n])); // [B, N]
-        self.visited = self.visited.clone().bool_or(served);
+        self.visited = match &self.visited {
+            Visited::Flags(visited) => {
+                let served = self
+                    .node_ids
+                    .clone()
+                    .expand([b, n])
+                    .equal(action.clone().expand([b, n])); // [B, N]
+                Visited::Flags(visited.clone().bool_or(served))
+            }
+            Visited::Ones {
+                served,
+                is_customer,
+            } => Visited::Ones {
+                // Broadcast, not expanded: an expand ends a fused chain.
+                served: served
+                    .clone()
+                    .mask_fill(self.node_ids.clone().equal(action.clone()), 1.0), // [B, N]
+                is_customer: is_customer.clone(),
+            },
+        };
         self.last_node = action;
     }
 }
@@ -191,15 +280,22 @@ mod tests {
             .collect();
         let demands = Tensor::<2>::from_data(TensorData::new(demands, [rows, n]), device);
         let capacity = Tensor::<2>::from_data(TensorData::new(capacities, [rows, 1]), device);
-        let mut state = CvrpState::with_arithmetic(demands, capacity, arithmetic);
+        let mut state = CvrpState::with_arithmetic(demands.clone(), capacity.clone(), arithmetic);
+        // CubeCL's form, run here in lockstep: the same masks from 0/1 floats.
+        let mut ones = CvrpState::in_form(demands, capacity, arithmetic, true);
         let (mut depot_open_at_depot, mut depot_shut, mut fits_exactly) = (0, 0, 0);
         for step in 0..2 * n {
-            let reference = read_mask(state.mask_op_by_op());
+            let Visited::Flags(visited) = &state.visited else {
+                panic!("flex keeps flags");
+            };
+            let reference = read_mask(state.mask_op_by_op(visited.clone()));
             assert_eq!(
                 read_mask(state.mask()),
                 reference,
                 "{arithmetic:?}, step {step}"
             );
+            assert_eq!(read_mask(ones.mask()), reference, "0/1 form, step {step}");
+            assert_eq!(read_mask(ones.finished()), read_mask(state.finished()));
             let last: Vec<i64> = state.last_node().into_data().iter::<i64>().collect();
             let mut actions = Vec::with_capacity(rows);
             for (r, masked) in reference.chunks_exact(n).enumerate() {
@@ -209,16 +305,16 @@ mod tests {
                 let choice = open[next(open.len() as u64) as usize];
                 actions.push(choice as i64);
             }
-            state.step(Tensor::<2, Int>::from_data(
-                TensorData::new(actions, [rows, 1]),
-                device,
-            ));
+            let actions = Tensor::<2, Int>::from_data(TensorData::new(actions, [rows, 1]), device);
+            state.step(actions.clone());
+            ones.step(actions);
             let remaining = state.remaining_capacity_fraction();
             let remaining = remaining.into_data().try_to_vec::<f32>().expect("floats");
             fits_exactly += remaining.iter().filter(|&&f| f == 0.0).count();
         }
-        // The walk reached the cases the rule tells apart.
+        // The walk reached the cases the rule tells apart, and ended with every row done.
         assert!(depot_open_at_depot > 0 && depot_shut > 0 && fits_exactly > 0);
+        assert!(read_mask(ones.finished()).iter().any(|&f| f));
     }
 
     #[test]

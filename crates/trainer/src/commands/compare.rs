@@ -24,6 +24,7 @@ use burn::tensor::{Tensor, TensorData, Transaction};
 use clap::Args;
 use routeburn_data::InstanceRng;
 use routeburn_model::cubecl_config::{self, CompileCounts};
+use routeburn_model::launches::{self, ByKernel};
 use routeburn_model::{
     AttentionModel, Backend, DecodeOptions, DeviceBatch, MatmulPrecision, RoutingModel,
 };
@@ -76,6 +77,11 @@ pub struct CompareArgs {
     /// timings from a run without it.
     #[arg(long)]
     pub count_compiles: bool,
+    /// With `--count-compiles`: time every kernel on the device, one at a time, and report
+    /// each phase's kernel time beside its launches (the device's busy time; the steps
+    /// run slower, so read wall times from a run without it).
+    #[arg(long, requires = "count_compiles")]
+    pub time_kernels: bool,
     /// `highest`: every product of the attention model at f32 accuracy, as three TF32
     /// products on CUDA's tensor cores (about 3× the matmul work); `high`: the device's own
     /// (TF32 on CUDA). Default: the model's `model.matmul_precision`.
@@ -179,6 +185,7 @@ pub fn run(args: CompareArgs) -> Result<ExitCode, TrainError> {
     let (mut table, agree) = render(&reports, &config, args.tolerance);
     let (counts, compiled_once) = compile_table(&reports);
     table.push_str(&counts);
+    table.push_str(&launch_table(&reports, args.time_kernels));
     print!("{table}");
     Ok(if agree && compiled_once {
         ExitCode::SUCCESS
@@ -189,12 +196,14 @@ pub fn run(args: CompareArgs) -> Result<ExitCode, TrainError> {
 
 const COUNTS_DIR: &str = "compile-counts";
 
-/// What CubeCL explored and tuned in step 1, step 2 and steps 3..K.
-#[derive(Debug, Clone, Copy)]
+/// What CubeCL explored and tuned in step 1, step 2 and steps 3..K, and the kernels the
+/// training steps' phases launched in steps 3..K.
+#[derive(Debug, Clone)]
 struct StepCompiles {
     first: CompileCounts,
     second: CompileCounts,
     later: CompileCounts,
+    later_kernels: ByKernel,
 }
 
 /// The config as K epochs of one batch: each step's loss and cost become a metrics row.
@@ -282,7 +291,7 @@ fn compare(
             after_epoch: None,
         };
         let (steps, compiles) = match args.count_compiles && backend.is_cubecl() {
-            true => train_counting(options, &work_dir.join(COUNTS_DIR))?,
+            true => train_counting(options, &work_dir.join(COUNTS_DIR), args.time_kernels)?,
             false => (train(options)?.epochs, None),
         };
         reports.push(BackendReport {
@@ -349,15 +358,25 @@ fn agreement_decode(
     })
 }
 
-/// Trains with the compile counters read after every step (each step is an epoch here).
+/// Trains with the compile counters read after every step (each step is an epoch here),
+/// and the kernel launches of the steps' phases watched.
 fn train_counting(
     mut options: TrainOptions,
     counts_dir: &Path,
+    time_kernels: bool,
 ) -> Result<(Vec<EpochMetrics>, Option<StepCompiles>), TrainError> {
-    let after_steps = Arc::new(Mutex::new(vec![CompileCounts::read(counts_dir)]));
+    let step_phases = |label: u8| Phase::step_phases().any(|p| p.launch_label() == label);
+    let _watch = launches::watch(time_kernels);
+    let snapshot = move || {
+        (
+            CompileCounts::read(counts_dir),
+            launches::by_kernel(step_phases),
+        )
+    };
+    let after_steps = Arc::new(Mutex::new(vec![snapshot()]));
     let (log, dir) = (after_steps.clone(), counts_dir.to_path_buf());
     options.after_epoch = Some(Arc::new(move |_: &EpochMetrics| {
-        let counts = CompileCounts::read(&dir);
+        let counts = (CompileCounts::read(&dir), launches::by_kernel(step_phases));
         log.lock().unwrap_or_else(|e| e.into_inner()).push(counts);
     }));
     let steps = train(options)?.epochs;
@@ -365,14 +384,15 @@ fn train_counting(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
-    let at = |k: usize| counts[k.min(counts.len() - 1)];
+    let at = |k: usize| &counts[k.min(counts.len() - 1)];
     let last = counts.len() - 1;
     Ok((
         steps,
         Some(StepCompiles {
-            first: at(1).since(at(0)),
-            second: at(2).since(at(1)),
-            later: at(last).since(at(2.min(last))),
+            first: at(1).0.since(at(0).0),
+            second: at(2).0.since(at(1).0),
+            later: at(last).0.since(at(2.min(last)).0),
+            later_kernels: at(last).1.since(&at(2.min(last)).1),
         }),
     ))
 }
@@ -382,7 +402,7 @@ fn train_counting(
 fn compile_table(reports: &[BackendReport]) -> (String, bool) {
     let counted: Vec<_> = reports
         .iter()
-        .filter_map(|r| r.compiles.map(|c| (r.backend, c)))
+        .filter_map(|r| r.compiles.as_ref().map(|c| (r.backend, c)))
         .collect();
     if counted.is_empty() {
         return (String::new(), true);
@@ -421,6 +441,76 @@ fn compile_table(reports: &[BackendReport]) -> (String, bool) {
         );
     }
     (s, all_once)
+}
+
+/// Kernels launched per step in steps 3..K by each CubeCL backend counted: per phase (with
+/// their device milliseconds when timed), then the kernels launched most.
+fn launch_table(reports: &[BackendReport], timed: bool) -> String {
+    let mut s = String::new();
+    for r in reports {
+        let (Some(compiles), Some(later)) = (&r.compiles, r.steps.get(2..)) else {
+            continue;
+        };
+        if later.is_empty() {
+            continue;
+        }
+        let k = later.len() as f64;
+        let mean = |p: Phase| {
+            let launched = later.iter().map(|m| m.phases.launched(p));
+            let (n, t) = launched.fold((0, 0.0), |(n, t), l| {
+                (n + l.launches, t + l.kernel_time.as_secs_f64())
+            });
+            (n as f64 / k, 1e3 * t / k)
+        };
+        let cell = |(n, ms): (f64, f64)| match timed {
+            true => format!("{n:.0} ({ms:.2} ms)"),
+            false => format!("{n:.0}"),
+        };
+        let _ = writeln!(
+            s,
+            "
+{}: kernels launched per step, steps 3..{}{}:
+",
+            r.backend,
+            r.steps.len(),
+            if timed {
+                " (and their device time, each timed on its own)"
+            } else {
+                ""
+            }
+        );
+        let phases: Vec<Phase> = Phase::step_phases().collect();
+        let names: Vec<&str> = phases.iter().map(|p| p.name()).collect();
+        let _ = writeln!(s, "| {} | step |", names.join(" | "));
+        let _ = writeln!(s, "|{}---|", "---|".repeat(phases.len()));
+        let cells: Vec<String> = phases.iter().map(|&p| cell(mean(p))).collect();
+        let total = phases
+            .iter()
+            .map(|&p| mean(p))
+            .fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+        let _ = writeln!(s, "| {} | {} |", cells.join(" | "), cell(total));
+        let _ = writeln!(
+            s,
+            "
+most launched, per step:
+
+| kernel | launches |{}",
+            if timed { " ms |" } else { "" }
+        );
+        let _ = writeln!(s, "|---|---|{}", if timed { "---|" } else { "" });
+        for (name, tally) in compiles.later_kernels.most_launched().into_iter().take(12) {
+            let n = tally.launches as f64 / k;
+            let _ = match timed {
+                true => writeln!(
+                    s,
+                    "| {name} | {n:.1} | {:.3} |",
+                    1e3 * tally.time.as_secs_f64() / k
+                ),
+                false => writeln!(s, "| {name} | {n:.1} |"),
+            };
+        }
+    }
+    s
 }
 
 /// The largest difference in a tour's log-likelihood per step of the tour allowed between
@@ -638,6 +728,7 @@ mod tests {
             first: counts(40, 3),
             second: counts(5, 0),
             later,
+            later_kernels: ByKernel::default(),
         };
         let mut once = report(Backend::Cpu, vec![], vec![]);
         once.compiles = Some(steps(counts(0, 0)));
@@ -656,6 +747,57 @@ mod tests {
             compile_table(&[report(Backend::Flex, vec![], vec![])]),
             (String::new(), true)
         );
+    }
+
+    /// Steps 3..K's launches per phase, averaged, and the kernels by launches per step.
+    #[test]
+    fn launch_table_averages_steps_after_the_second() {
+        use crate::run::metrics::PhaseTimes;
+        use routeburn_model::launches::{Issued, KernelTally};
+        let step = |forward: u64, backward: u64| {
+            let mut phases = PhaseTimes::default();
+            let ms = |n: u64| Duration::from_micros(10 * n);
+            for (phase, n) in [(Phase::Forward, forward), (Phase::Backward, backward)] {
+                let issued = Issued {
+                    launches: n,
+                    kernel_time: ms(n),
+                };
+                phases.add_launched(phase, issued);
+            }
+            EpochMetrics {
+                phases,
+                ..Default::default()
+            }
+        };
+        let tally = |launches, ms| KernelTally {
+            launches,
+            time: Duration::from_millis(ms),
+        };
+        let kernels = ByKernel(std::collections::HashMap::from([
+            ("FusedElemwise".to_string(), tally(300, 3)),
+            ("StepKernel".to_string(), tally(40, 8)),
+        ]));
+        let mut r = report(Backend::Cpu, vec![], vec![]);
+        // Steps 1 and 2 compile and are left out: 3 and 4 average to 150 and 50.
+        r.steps = vec![
+            step(9000, 9000),
+            step(700, 700),
+            step(100, 40),
+            step(200, 60),
+        ];
+        r.compiles = Some(StepCompiles {
+            first: CompileCounts::default(),
+            second: CompileCounts::default(),
+            later: CompileCounts::default(),
+            later_kernels: kernels,
+        });
+        let table = launch_table(std::slice::from_ref(&r), true);
+        assert!(table.contains("| 0 (0.00 ms) | 0 (0.00 ms) | 150 (1.50 ms) | 0 (0.00 ms) | 0 (0.00 ms) | 50 (0.50 ms) | 0 (0.00 ms) | 200 (2.00 ms) |"), "{table}");
+        let fused = table
+            .find("| FusedElemwise | 150.0 | 1.500 |")
+            .expect(&table);
+        assert!(fused < table.find("| StepKernel | 20.0 | 4.000 |").expect(&table));
+        assert!(launch_table(&[report(Backend::Flex, vec![], vec![])], false).is_empty());
     }
 
     #[test]

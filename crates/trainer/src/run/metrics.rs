@@ -5,6 +5,8 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use routeburn_model::launches::{self, Issued};
+
 use crate::atomic::write_atomic;
 use crate::error::TrainError;
 
@@ -30,6 +32,11 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// The label its kernel launches are charged to ([`launches::label`]; 0 is none).
+    pub fn launch_label(self) -> u8 {
+        self as u8 + 1
+    }
+
     pub const ALL: [Phase; 8] = [
         Phase::Generate,
         Phase::Upload,
@@ -61,7 +68,8 @@ impl Phase {
     }
 }
 
-/// Accumulated wall time per phase.
+/// Accumulated wall time per phase, and on CubeCL backends the kernels each phase
+/// launched (while [`routeburn_model::launches::watch`] is on).
 ///
 /// On lazy backends (CUDA with fusion) work queued in one phase may execute in the next
 /// phase that reads the device; on the CPU backends operations run eagerly, so each phase
@@ -69,14 +77,30 @@ impl Phase {
 #[derive(Debug, Clone, Default)]
 pub struct PhaseTimes {
     totals: [Duration; 8],
+    launched: [Issued; 8],
 }
 
 impl PhaseTimes {
     pub fn time<T>(&mut self, phase: Phase, f: impl FnOnce() -> T) -> T {
-        let start = Instant::now();
+        let outer = launches::label(phase.launch_label());
+        let (start, issued) = (Instant::now(), launches::issued());
         let out = f();
         self.totals[phase as usize] += start.elapsed();
+        self.add_launched(phase, launches::issued().since(issued));
+        launches::label(outer);
         out
+    }
+
+    pub(crate) fn add_launched(&mut self, phase: Phase, issued: Issued) {
+        let launched = &mut self.launched[phase as usize];
+        launched.launches += issued.launches;
+        launched.kernel_time += issued.kernel_time;
+    }
+
+    /// Kernels launched in `phase` (and their device time, when timed); zero unless
+    /// launches are watched.
+    pub fn launched(&self, phase: Phase) -> Issued {
+        self.launched[phase as usize]
     }
 
     /// Seconds per phase, in [`Phase::ALL`] order (a checkpoint of an interrupted epoch).
@@ -120,7 +144,7 @@ impl PhaseTimes {
 }
 
 /// One row of `metrics.csv`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct EpochMetrics {
     pub epoch: usize,
     pub train_cost: f64,

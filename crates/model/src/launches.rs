@@ -1,0 +1,282 @@
+//! Counting the kernels a CubeCL backend launches, and optionally timing each one.
+//!
+//! Below a few thousand elements a GPU kernel finishes in microseconds, so a small
+//! model's step costs what its launches cost: the number of kernels is the figure to cut,
+//! and it can be counted without a GPU on CubeCL's CPU runtime (`cpu`), which launches
+//! through the same client as CUDA. CubeCL calls an observer on the thread that issues
+//! each launch, before it is submitted ([`burn::cubecl::logging::LaunchObserver`]), so a
+//! caller that reads [`issued`] before and after a piece of work is charged the launches
+//! that work issued. Under fusion a launch is issued when its queue is flushed, which may
+//! be in a later piece of work than the operations it runs.
+//!
+//! With timing on, each launch is timed on the device and read back before the next
+//! starts (CubeCL's `TimingRequest::Resolved`): the sum is the device's busy time, and
+//! the run is slower than an untimed one, so read wall times from a run without it.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Launches and device time, as totals since the process started watching.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Issued {
+    pub launches: u64,
+    /// Summed kernel time, when launches are timed; zero otherwise.
+    pub kernel_time: Duration,
+}
+
+impl Issued {
+    /// What was issued between `earlier` and `self`.
+    pub fn since(self, earlier: Self) -> Self {
+        Self {
+            launches: self.launches - earlier.launches,
+            kernel_time: self.kernel_time.saturating_sub(earlier.kernel_time),
+        }
+    }
+}
+
+/// One kernel's launches and summed time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelTally {
+    pub launches: u64,
+    pub time: Duration,
+}
+
+/// Every kernel launched while watching, by name (CubeCL's name for the kernel type,
+/// shortened to its last path segment).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ByKernel(pub HashMap<String, KernelTally>);
+
+impl ByKernel {
+    /// What was launched between `earlier` and `self`.
+    pub fn since(&self, earlier: &Self) -> Self {
+        let mut out = HashMap::new();
+        for (name, now) in &self.0 {
+            let before = earlier.0.get(name).copied().unwrap_or_default();
+            if now.launches > before.launches {
+                let tally = KernelTally {
+                    launches: now.launches - before.launches,
+                    time: now.time.saturating_sub(before.time),
+                };
+                out.insert(name.clone(), tally);
+            }
+        }
+        Self(out)
+    }
+
+    /// The kernels launched most often first (ties by name).
+    pub fn most_launched(&self) -> Vec<(&str, KernelTally)> {
+        let mut v: Vec<_> = self.0.iter().map(|(k, t)| (k.as_str(), *t)).collect();
+        v.sort_by(|a, b| b.1.launches.cmp(&a.1.launches).then(a.0.cmp(b.0)));
+        v
+    }
+}
+
+/// Watches every kernel launch of the process until dropped.
+#[must_use = "launches are counted only while the watch is kept"]
+pub struct Watch {
+    #[cfg(any(feature = "cuda", feature = "cpu"))]
+    _observation: burn::cubecl::logging::LaunchObservation,
+}
+
+impl std::fmt::Debug for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("launches::Watch")
+    }
+}
+
+/// Starts counting launches (and timing each, with `timed`); `None` when no CubeCL
+/// backend is compiled in, as nothing else launches kernels.
+pub fn watch(timed: bool) -> Option<Watch> {
+    #[cfg(any(feature = "cuda", feature = "cpu"))]
+    {
+        use std::sync::Arc;
+        let observer = Arc::new(observe::Counter { timed });
+        Some(Watch {
+            _observation: burn::cubecl::logging::LaunchObservation::new(observer),
+        })
+    }
+    #[cfg(not(any(feature = "cuda", feature = "cpu")))]
+    {
+        let _ = timed;
+        None
+    }
+}
+
+/// The process's totals so far: two relaxed loads, cheap enough to read around every
+/// phase of every step.
+pub fn issued() -> Issued {
+    #[cfg(any(feature = "cuda", feature = "cpu"))]
+    {
+        observe::issued()
+    }
+    #[cfg(not(any(feature = "cuda", feature = "cpu")))]
+    {
+        Issued::default()
+    }
+}
+
+/// Charges the launches that follow to `label` (0: unlabelled) until the next call, and
+/// returns the label it replaces. A relaxed swap: cheap around every phase of every step.
+pub fn label(label: u8) -> u8 {
+    LABEL.swap(label, std::sync::atomic::Ordering::Relaxed)
+}
+
+static LABEL: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// The process's launches so far, by kernel, of the labels `wanted` accepts.
+pub fn by_kernel(wanted: impl Fn(u8) -> bool) -> ByKernel {
+    #[cfg(any(feature = "cuda", feature = "cpu"))]
+    {
+        observe::by_kernel(wanted)
+    }
+    #[cfg(not(any(feature = "cuda", feature = "cpu")))]
+    {
+        let _ = wanted;
+        ByKernel::default()
+    }
+}
+
+#[cfg(any(feature = "cuda", feature = "cpu"))]
+mod observe {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Mutex, PoisonError};
+    use std::time::Duration;
+
+    use burn::cubecl::logging::{LaunchObserver, TimingMethod, TimingRequest};
+
+    use super::{ByKernel, Issued, KernelTally};
+
+    static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+    static KERNEL_NANOS: AtomicU64 = AtomicU64::new(0);
+    /// Keyed by the label and the kernel's `&'static str`: a launch neither allocates nor
+    /// formats.
+    type Tallies = HashMap<(u8, &'static str), KernelTally>;
+    static BY_KERNEL: Mutex<Option<Tallies>> = Mutex::new(None);
+
+    fn tally(kernel: &'static str) -> (u8, &'static str) {
+        (super::LABEL.load(Ordering::Relaxed), kernel)
+    }
+
+    pub(super) struct Counter {
+        pub(super) timed: bool,
+    }
+
+    impl LaunchObserver for Counter {
+        fn launched(&self, kernel: &'static str) {
+            LAUNCHES.fetch_add(1, Ordering::Relaxed);
+            let mut map = BY_KERNEL.lock().unwrap_or_else(PoisonError::into_inner);
+            map.get_or_insert_with(HashMap::new)
+                .entry(tally(kernel))
+                .or_default()
+                .launches += 1;
+        }
+
+        fn timing(&self) -> TimingRequest {
+            match self.timed {
+                true => TimingRequest::Resolved,
+                false => TimingRequest::None,
+            }
+        }
+
+        fn timed(&self, kernel: &'static str, duration: Duration, _method: TimingMethod) {
+            let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+            KERNEL_NANOS.fetch_add(nanos, Ordering::Relaxed);
+            let mut map = BY_KERNEL.lock().unwrap_or_else(PoisonError::into_inner);
+            map.get_or_insert_with(HashMap::new)
+                .entry(tally(kernel))
+                .or_default()
+                .time += duration;
+        }
+    }
+
+    pub(super) fn issued() -> Issued {
+        Issued {
+            launches: LAUNCHES.load(Ordering::Relaxed),
+            kernel_time: Duration::from_nanos(KERNEL_NANOS.load(Ordering::Relaxed)),
+        }
+    }
+
+    pub(super) fn by_kernel(wanted: impl Fn(u8) -> bool) -> ByKernel {
+        use burn::cubecl::config::{type_name_format, TypeNameFormatLevel};
+        let map = BY_KERNEL.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut out: HashMap<String, KernelTally> = HashMap::new();
+        let labelled = map
+            .iter()
+            .flatten()
+            .filter(|((label, _), _)| wanted(*label));
+        for ((_, name), tally) in labelled {
+            // Generic instances of one kernel type share a short name: summed.
+            // CubeCL separates a kernel's type parameters with `|`: not in a table cell.
+            let short = type_name_format(name, TypeNameFormatLevel::Balanced).replace(" | ", "/");
+            let entry = out.entry(short).or_default();
+            entry.launches += tally.launches;
+            entry.time += tally.time;
+        }
+        ByKernel(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On CubeCL's CPU runtime: a piece of work run three times issues three times the
+    /// launches of one run, once its kernels are compiled, all under the label set while
+    /// it ran.
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_launches_are_counted_and_labelled() {
+        use burn::tensor::{Tensor, TensorData};
+        let _alone = crate::test_values::one_cube_test_at_a_time();
+        let device = crate::Backend::Cpu.device().unwrap();
+        let x = Tensor::<1>::from_data(TensorData::new(vec![0.5f32; 64], [64]), &device);
+        let work = || {
+            let y = (x.clone().exp() * 2.0 + 1.0).sum();
+            y.into_data().try_to_vec::<f32>().unwrap()
+        };
+        let _watch = watch(false).unwrap();
+        let before = issued();
+        let first = work();
+        assert!(issued().since(before).launches > 0, "no launch counted");
+        let before = issued();
+        assert_eq!(work(), first);
+        let one = issued().since(before).launches;
+        let labelled = |l| {
+            by_kernel(move |k| k == l)
+                .0
+                .values()
+                .map(|t| t.launches)
+                .sum::<u64>()
+        };
+        let (outer, before, before_7) = (label(7), issued(), labelled(7));
+        for _ in 0..3 {
+            assert_eq!(work(), first);
+        }
+        assert_eq!(label(outer), 7);
+        assert_eq!(issued().since(before).launches, 3 * one);
+        assert_eq!(labelled(7) - before_7, 3 * one);
+    }
+
+    #[test]
+    fn differences_drop_kernels_not_launched_since() {
+        let tally = |launches, ms| KernelTally {
+            launches,
+            time: Duration::from_millis(ms),
+        };
+        let earlier = ByKernel(HashMap::from([
+            ("a".to_string(), tally(3, 5)),
+            ("b".to_string(), tally(2, 1)),
+        ]));
+        let now = ByKernel(HashMap::from([
+            ("a".to_string(), tally(7, 9)),
+            ("b".to_string(), tally(2, 1)),
+            ("c".to_string(), tally(7, 2)),
+        ]));
+        let since = now.since(&earlier);
+        assert_eq!(
+            since.most_launched(),
+            vec![("c", tally(7, 2)), ("a", tally(4, 4))]
+        );
+    }
+}
