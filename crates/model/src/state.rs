@@ -60,6 +60,10 @@ pub struct CvrpState {
 /// state keeps 0/1 floats and decides with comparisons, masked fills and one sum, which
 /// fuse ([`CvrpState::mask`], [`CvrpState::step`]); elsewhere it keeps booleans.
 #[derive(Debug, Clone)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per decode, never in a collection: boxing would buy nothing"
+)]
 enum Visited {
     Flags(Tensor<2, Bool>),
     /// `[B, N]` 1 where served, 0 elsewhere; with `is_customer` `[1, N]`, 0 at the depot
