@@ -3,11 +3,12 @@
 //! Below a few thousand elements a GPU kernel finishes in microseconds, so a small
 //! model's step costs what its launches cost: the number of kernels is the figure to cut,
 //! and it can be counted without a GPU on CubeCL's CPU runtime (`cpu`), which launches
-//! through the same client as CUDA. CubeCL calls an observer on the thread that issues
-//! each launch, before it is submitted ([`burn::cubecl::logging::LaunchObserver`]), so a
-//! caller that reads [`issued`] before and after a piece of work is charged the launches
-//! that work issued. Under fusion a launch is issued when its queue is flushed, which may
-//! be in a later piece of work than the operations it runs.
+//! through the same client as CUDA. CubeCL calls an observer (`LaunchObserver`) on every
+//! launch, before it is submitted, from whichever thread issues it: under fusion that is
+//! the thread that flushes a queue of fused operations, not always the caller's, and a
+//! queue filled in one piece of work may be flushed in the next. So the counts are
+//! process-wide: [`issued`] read before and after a piece of work gives the launches
+//! flushed meanwhile, and [`label`] names the work the launches that follow belong to.
 //!
 //! With timing on, each launch is timed on the device and read back before the next
 //! starts (CubeCL's `TimingRequest::Resolved`): the sum is the device's busy time, and
