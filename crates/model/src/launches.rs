@@ -17,12 +17,23 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-/// Launches and device time, as totals since the process started watching.
+/// Launches and their device time: a process's totals, a phase's or a kernel's.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Issued {
     pub launches: u64,
     /// Summed kernel time, when launches are timed; zero otherwise.
     pub kernel_time: Duration,
+}
+
+impl std::ops::Add for Issued {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            launches: self.launches + other.launches,
+            kernel_time: self.kernel_time + other.kernel_time,
+        }
+    }
 }
 
 impl Issued {
@@ -35,17 +46,10 @@ impl Issued {
     }
 }
 
-/// One kernel's launches and summed time.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct KernelTally {
-    pub launches: u64,
-    pub time: Duration,
-}
-
 /// Every kernel launched while watching, by name (CubeCL's name for the kernel type,
 /// shortened to its last path segment).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ByKernel(pub HashMap<String, KernelTally>);
+pub struct ByKernel(pub HashMap<String, Issued>);
 
 impl ByKernel {
     /// What was launched between `earlier` and `self`.
@@ -54,18 +58,14 @@ impl ByKernel {
         for (name, now) in &self.0 {
             let before = earlier.0.get(name).copied().unwrap_or_default();
             if now.launches > before.launches {
-                let tally = KernelTally {
-                    launches: now.launches - before.launches,
-                    time: now.time.saturating_sub(before.time),
-                };
-                out.insert(name.clone(), tally);
+                out.insert(name.clone(), now.since(before));
             }
         }
         Self(out)
     }
 
     /// The kernels launched most often first (ties by name).
-    pub fn most_launched(&self) -> Vec<(&str, KernelTally)> {
+    pub fn most_launched(&self) -> Vec<(&str, Issued)> {
         let mut v: Vec<_> = self.0.iter().map(|(k, t)| (k.as_str(), *t)).collect();
         v.sort_by(|a, b| b.1.launches.cmp(&a.1.launches).then(a.0.cmp(b.0)));
         v
@@ -146,13 +146,13 @@ mod observe {
 
     use burn::cubecl::logging::{LaunchObserver, TimingMethod, TimingRequest};
 
-    use super::{ByKernel, Issued, KernelTally};
+    use super::{ByKernel, Issued};
 
     static LAUNCHES: AtomicU64 = AtomicU64::new(0);
     static KERNEL_NANOS: AtomicU64 = AtomicU64::new(0);
     /// Keyed by the label and the kernel's `&'static str`: a launch neither allocates nor
     /// formats.
-    type Tallies = HashMap<(u8, &'static str), KernelTally>;
+    type Tallies = HashMap<(u8, &'static str), Issued>;
     static BY_KERNEL: Mutex<Option<Tallies>> = Mutex::new(None);
 
     fn tally(kernel: &'static str) -> (u8, &'static str) {
@@ -187,7 +187,7 @@ mod observe {
             map.get_or_insert_with(HashMap::new)
                 .entry(tally(kernel))
                 .or_default()
-                .time += duration;
+                .kernel_time += duration;
         }
     }
 
@@ -201,7 +201,7 @@ mod observe {
     pub(super) fn by_kernel(wanted: impl Fn(u8) -> bool) -> ByKernel {
         use burn::cubecl::config::{type_name_format, TypeNameFormatLevel};
         let map = BY_KERNEL.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut out: HashMap<String, KernelTally> = HashMap::new();
+        let mut out: HashMap<String, Issued> = HashMap::new();
         let labelled = map
             .iter()
             .flatten()
@@ -211,8 +211,7 @@ mod observe {
             // CubeCL separates a kernel's type parameters with `|`: not in a table cell.
             let short = type_name_format(name, TypeNameFormatLevel::Balanced).replace(" | ", "/");
             let entry = out.entry(short).or_default();
-            entry.launches += tally.launches;
-            entry.time += tally.time;
+            *entry = *entry + *tally;
         }
         ByKernel(out)
     }
@@ -261,9 +260,9 @@ mod tests {
 
     #[test]
     fn differences_drop_kernels_not_launched_since() {
-        let tally = |launches, ms| KernelTally {
+        let tally = |launches, ms| Issued {
             launches,
-            time: Duration::from_millis(ms),
+            kernel_time: Duration::from_millis(ms),
         };
         let earlier = ByKernel(HashMap::from([
             ("a".to_string(), tally(3, 5)),

@@ -40,7 +40,8 @@ pub struct CvrpState {
     demands: Tensor<2>,
     /// `[B, 1]` vehicle capacity.
     capacity: Tensor<2>,
-    /// `[B, N]` customers already served (the depot column stays unserved).
+    /// `[B, N]` customers already served (the depot column, marked by depot visits, is
+    /// ignored).
     visited: Visited,
     /// `[B, 1]` load of the current route.
     used_capacity: Tensor<2>,

@@ -24,7 +24,7 @@ use burn::tensor::{Tensor, TensorData, Transaction};
 use clap::Args;
 use routeburn_data::InstanceRng;
 use routeburn_model::cubecl_config::{self, CompileCounts};
-use routeburn_model::launches::{self, ByKernel};
+use routeburn_model::launches::{self, ByKernel, Issued};
 use routeburn_model::{
     AttentionModel, Backend, DecodeOptions, DeviceBatch, MatmulPrecision, RoutingModel,
 };
@@ -365,18 +365,11 @@ fn train_counting(
     counts_dir: &Path,
     time_kernels: bool,
 ) -> Result<(Vec<EpochMetrics>, Option<StepCompiles>), TrainError> {
-    let step_phases = |label: u8| Phase::step_phases().any(|p| p.launch_label() == label);
     let _watch = launches::watch(time_kernels);
-    let snapshot = move || {
-        (
-            CompileCounts::read(counts_dir),
-            launches::by_kernel(step_phases),
-        )
-    };
-    let after_steps = Arc::new(Mutex::new(vec![snapshot()]));
+    let after_steps = Arc::new(Mutex::new(vec![counts_after_step(counts_dir)]));
     let (log, dir) = (after_steps.clone(), counts_dir.to_path_buf());
     options.after_epoch = Some(Arc::new(move |_: &EpochMetrics| {
-        let counts = (CompileCounts::read(&dir), launches::by_kernel(step_phases));
+        let counts = counts_after_step(&dir);
         log.lock().unwrap_or_else(|e| e.into_inner()).push(counts);
     }));
     let steps = train(options)?.epochs;
@@ -395,6 +388,16 @@ fn train_counting(
             later_kernels: at(last).1.since(&at(2.min(last)).1),
         }),
     ))
+}
+
+/// The compile counters so far, and the kernels launched so far in a training step's
+/// phases (not in validation or the end-of-epoch baseline test).
+fn counts_after_step(counts_dir: &Path) -> (CompileCounts, ByKernel) {
+    let step_phases = |label: u8| Phase::step_phases().any(|p| p.launch_label() == label);
+    (
+        CompileCounts::read(counts_dir),
+        launches::by_kernel(step_phases),
+    )
 }
 
 /// The compile counters of each CubeCL backend, and whether every one explored and tuned
@@ -455,16 +458,16 @@ fn launch_table(reports: &[BackendReport], timed: bool) -> String {
             continue;
         }
         let k = later.len() as f64;
-        let mean = |p: Phase| {
+        let summed = |p: Phase| {
             let launched = later.iter().map(|m| m.phases.launched(p));
-            let (n, t) = launched.fold((0, 0.0), |(n, t), l| {
-                (n + l.launches, t + l.kernel_time.as_secs_f64())
-            });
-            (n as f64 / k, 1e3 * t / k)
+            launched.fold(Issued::default(), |a, b| a + b)
         };
-        let cell = |(n, ms): (f64, f64)| match timed {
-            true => format!("{n:.0} ({ms:.2} ms)"),
-            false => format!("{n:.0}"),
+        let cell = |i: Issued| {
+            let n = i.launches as f64 / k;
+            match timed {
+                true => format!("{n:.0} ({:.2} ms)", 1e3 * i.kernel_time.as_secs_f64() / k),
+                false => format!("{n:.0}"),
+            }
         };
         let _ = writeln!(
             s,
@@ -483,11 +486,8 @@ fn launch_table(reports: &[BackendReport], timed: bool) -> String {
         let names: Vec<&str> = phases.iter().map(|p| p.name()).collect();
         let _ = writeln!(s, "| {} | step |", names.join(" | "));
         let _ = writeln!(s, "|{}---|", "---|".repeat(phases.len()));
-        let cells: Vec<String> = phases.iter().map(|&p| cell(mean(p))).collect();
-        let total = phases
-            .iter()
-            .map(|&p| mean(p))
-            .fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+        let cells: Vec<String> = phases.iter().map(|&p| cell(summed(p))).collect();
+        let total = phases.iter().fold(Issued::default(), |a, &p| a + summed(p));
         let _ = writeln!(s, "| {} | {} |", cells.join(" | "), cell(total));
         let _ = writeln!(
             s,
@@ -504,7 +504,7 @@ most launched, per step:
                 true => writeln!(
                     s,
                     "| {name} | {n:.1} | {:.3} |",
-                    1e3 * tally.time.as_secs_f64() / k
+                    1e3 * tally.kernel_time.as_secs_f64() / k
                 ),
                 false => writeln!(s, "| {name} | {n:.1} |"),
             };
@@ -753,7 +753,7 @@ mod tests {
     #[test]
     fn launch_table_averages_steps_after_the_second() {
         use crate::run::metrics::PhaseTimes;
-        use routeburn_model::launches::{Issued, KernelTally};
+
         let step = |forward: u64, backward: u64| {
             let mut phases = PhaseTimes::default();
             let ms = |n: u64| Duration::from_micros(10 * n);
@@ -769,9 +769,9 @@ mod tests {
                 ..Default::default()
             }
         };
-        let tally = |launches, ms| KernelTally {
+        let tally = |launches, ms| Issued {
             launches,
-            time: Duration::from_millis(ms),
+            kernel_time: Duration::from_millis(ms),
         };
         let kernels = ByKernel(std::collections::HashMap::from([
             ("FusedElemwise".to_string(), tally(300, 3)),

@@ -93,8 +93,7 @@ impl PhaseTimes {
 
     pub(crate) fn add_launched(&mut self, phase: Phase, issued: Issued) {
         let launched = &mut self.launched[phase as usize];
-        launched.launches += issued.launches;
-        launched.kernel_time += issued.kernel_time;
+        *launched = *launched + issued;
     }
 
     /// Kernels launched in `phase` (and their device time, when timed); zero unless
