@@ -171,6 +171,26 @@ pub fn runs_through_cubecl(device: &Device) -> bool {
     }
 }
 
+/// Whether `device` (or the device an autodiff device wraps) is a CUDA device: the one
+/// runtime compiled in here with device graphs (CUDA graphs; CubeCL's CPU runtime has none).
+pub fn records_device_graphs(device: &Device) -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        use burn::backend::DispatchDevice;
+        use burn_cubecl::cubecl::RuntimeId;
+        let cuda = |d: &DispatchDevice| matches!(d, DispatchDevice::Cube(cube) if cube.runtime() == RuntimeId::Cuda);
+        match device.as_dispatch() {
+            DispatchDevice::Autodiff(inner) => cuda(inner),
+            other => cuda(other),
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = device;
+        false
+    }
+}
+
 /// Whether `device` (or the device an autodiff device wraps) is flex: the backend with the
 /// fused operations of this crate's own (decoder step, encoder attention, linear layers).
 pub(crate) fn runs_on_flex(device: &Device) -> bool {

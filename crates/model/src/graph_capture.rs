@@ -28,9 +28,10 @@ const WARM_UP_DECODES: usize = 3;
 
 /// A decode recorded as a device graph: each [`replay`](Self::replay) decodes another batch
 /// of the recorded one's size, written into the recorded inputs, as one launch.
-pub struct RecordedDecode<'a, P: Policy> {
-    /// The model whose parameters the graph reads, borrowed for as long as it lives.
-    _policy: std::marker::PhantomData<&'a P>,
+pub struct RecordedDecode<P: Policy> {
+    /// The model whose parameters the graph reads: a copy, sharing their buffers, kept
+    /// for as long as the graph.
+    _policy: P,
     graph: BackendGraph<Dispatch>,
     /// The buffer the recorded decode read its coordinates, demands and capacities from.
     inputs: Tensor<1>,
@@ -40,12 +41,12 @@ pub struct RecordedDecode<'a, P: Policy> {
     n: usize,
 }
 
-impl<'a, P: Policy> RecordedDecode<'a, P> {
+impl<P: Policy + Clone> RecordedDecode<P> {
     /// Records `policy`'s decode of `batch` (greedy or multi-start; no sampling noise) on
     /// `device` and returns it with the recorded decode's `[R, T]` actions, the batch's
     /// tours. Where the backend has no device graphs (every CPU backend), the reason.
     pub fn record(
-        policy: &'a P,
+        policy: &P,
         batch: &Batch,
         options: &DecodeOptions,
         device: &Device,
@@ -55,15 +56,16 @@ impl<'a, P: Policy> RecordedDecode<'a, P> {
         // reads the buffer itself, which each replay's batch overwrites.
         let decode = || policy.decode(&DeviceBatch::from_flat(&inputs, batch), options);
         let (graph, output) = record(device, decode)?;
+        let policy = policy.clone();
         // A recording launches nothing: the first replay decodes the recorded batch,
         // whose values `inputs` already holds.
-        // SAFETY: as in `replay`; every buffer the graph uses is alive (`policy`, `inputs`,
-        // `output`, the pinned intermediates).
+        // SAFETY: as in `replay`; every buffer the graph uses is alive (the parameters,
+        // `inputs`, `output`, the pinned intermediates).
         unsafe { Dispatch::graph_replay(device.as_dispatch(), &graph) }
             .map_err(|e| reason("replaying the graph", e))?;
         let actions = output.actions.clone();
         let recorded = Self {
-            _policy: std::marker::PhantomData,
+            _policy: policy,
             graph,
             inputs,
             output,
@@ -96,7 +98,7 @@ impl<'a, P: Policy> RecordedDecode<'a, P> {
         Dispatch::sync(dispatch).map_err(|e| reason("writing the batch", e))?;
         drop(written);
         // SAFETY: every buffer the recorded decode read or wrote is alive while `self` is:
-        // the model's parameters (`policy`, borrowed for 'a), the inputs (`inputs`), the
+        // the model's parameters (held by the copy in `_policy`), the inputs (`inputs`), the
         // outputs (`output`), and the intermediates (the views among them), which
         // `graph_prepare` pinned in the persistent pool. The write above and the caller's
         // read of the actions are on the same stream, ordered around the replay.

@@ -28,7 +28,7 @@ mod self_attention;
 pub mod state;
 
 pub use attention_model::{AttentionModel, AttentionModelConfig, Precomputed};
-pub use backend::{runs_through_cubecl, Backend, BackendError};
+pub use backend::{records_device_graphs, runs_through_cubecl, Backend, BackendError};
 pub use decode::{decode_chunk, decode_in_chunks, DecodeOptions, DecodeOutput, Policy, Selection};
 pub use decoder_step::StepKernel;
 pub use encoder::{GraphEncoder, GraphEncoderConfig, Normalization};

@@ -296,13 +296,13 @@ pub(crate) struct GraphSolver<'a, P: Policy> {
     strategy: Strategy,
     normalize: bool,
     check_every: usize,
-    recorded: Option<RecordedDecode<'a, P>>,
+    recorded: Option<RecordedDecode<P>>,
     refused: bool,
     /// Batches decoded by replaying the graph.
     pub(crate) replays: usize,
 }
 
-impl<'a, P: Policy + Sync> GraphSolver<'a, P> {
+impl<'a, P: Policy + Sync + Clone> GraphSolver<'a, P> {
     /// Greedy, multi-start and ×8-augmented decodes only: a sampled decode reads noise
     /// drawn per batch.
     pub(crate) fn new(

@@ -353,6 +353,10 @@ pub struct ReinforceConfig {
     /// Leader Reward's α (POMO only): each instance's best sampled tour has its advantage
     /// multiplied by this; 1 is POMO's own.
     pub leader_alpha: f64,
+    /// On CUDA, the rollout baseline's greedy decode of each training batch as a device
+    /// graph (a CUDA graph, recorded once per frozen policy and replayed); false decodes it
+    /// kernel by kernel. The CPU backends have no device graphs and ignore it.
+    pub baseline_graph: bool,
 }
 
 impl Default for ReinforceConfig {
@@ -365,6 +369,7 @@ impl Default for ReinforceConfig {
             baseline_eval_size: 10_000,
             baseline_alpha: 0.05,
             leader_alpha: 1.0,
+            baseline_graph: true,
         }
     }
 }

@@ -3,6 +3,7 @@
 //! The step never asks which baseline it has; `reinforce::baseline_for_run` is the one
 //! place that does.
 
+use std::ops::Range;
 use std::path::Path;
 
 use burn::tensor::{Int, Tensor};
@@ -30,9 +31,15 @@ pub(crate) trait Baseline: Send + Sync {
     fn begin_epoch(&mut self, _epoch: usize) {}
 
     /// Device work for this batch, queued before the step's one download (the rollout
-    /// baseline's greedy decode); its actions come back in [`Baseline::values`].
-    fn decode(&self, _problem: &DeviceBatch) -> Option<Tensor<2, Int>> {
-        None
+    /// baseline's greedy decode), one `[rows, steps]` part per shard of `problem` (the
+    /// device copy of `batch`); the parts come back in [`Baseline::values`].
+    fn decode(
+        &mut self,
+        _batch: &Batch,
+        _problem: &DeviceBatch,
+        _shards: &[Range<usize>],
+    ) -> Result<Vec<Tensor<2, Int>>, TrainError> {
+        Ok(Vec::new())
     }
 
     /// The baseline value of every sampled tour, from the tours' `costs` (instance-major,

@@ -11,6 +11,7 @@
 pub(crate) mod baseline;
 pub(crate) mod exponential;
 pub(crate) mod pomo;
+mod recorded_rollout;
 pub(crate) mod rollout;
 
 use burn::tensor::{Device, Int, Tensor, TensorData, Transaction};
@@ -108,8 +109,8 @@ impl TrainingMethod for Reinforce {
             })
         });
         let baseline_tours = times.time(Phase::Baseline, || {
-            in_parallel(ranges, |range| self.baseline.decode(&problem.shard(range)))
-        });
+            self.baseline.decode(&batch, &problem, &ranges)
+        })?;
         let decoded: Vec<&DecodeOutput> = sampled.iter().map(|(_, d)| d).collect();
         let valued = times.time(Phase::DownloadCost, || {
             self.download_and_value(
@@ -157,7 +158,7 @@ impl Reinforce {
         &mut self,
         batch: &Batch,
         sampled: &[&DecodeOutput],
-        baseline_tours: Vec<Option<Tensor<2, Int>>>,
+        baseline_tours: Vec<Tensor<2, Int>>,
         stats: &mut StepStats,
         epoch: usize,
         step: usize,
@@ -168,9 +169,8 @@ impl Reinforce {
                 .register(s.actions.clone().without_autodiff())
                 .register(s.log_likelihood.clone().without_autodiff().sum());
         }
-        let baseline_dims: Vec<[usize; 2]> =
-            baseline_tours.iter().flatten().map(|a| a.dims()).collect();
-        for a in baseline_tours.into_iter().flatten() {
+        let baseline_dims: Vec<[usize; 2]> = baseline_tours.iter().map(|a| a.dims()).collect();
+        for a in baseline_tours {
             tx = tx.register(a);
         }
         let pending = stats.take_pending();

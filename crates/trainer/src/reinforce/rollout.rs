@@ -3,6 +3,7 @@
 //! paired t-test at the end of every epoch). For the first `warmup_epochs` epochs the
 //! exponential baseline stands in (Kool's `WarmupBaseline`).
 
+use std::ops::Range;
 use std::path::Path;
 
 use burn::module::Module;
@@ -15,9 +16,10 @@ use crate::error::TrainError;
 use crate::evaluate::{decode_costs, mean, validated_costs};
 use crate::reinforce::baseline::{Baseline, Tours};
 use crate::reinforce::exponential::ExponentialBaseline;
+use crate::reinforce::recorded_rollout::RecordedRollout;
 use crate::run::checkpoint::{record_error, save_module, BaselineState, BASELINE_FILE};
 use crate::run::method::Setup;
-use crate::shards::Shards;
+use crate::shards::{in_parallel, Shards};
 
 /// Draws the seed of the first evaluation set, from `training.seed`.
 const BASELINE_STREAM: u64 = 0x6261_7365;
@@ -48,6 +50,8 @@ pub(crate) struct RolloutBaseline {
     warmup_epochs: usize,
     /// Whether the warm-up is over this epoch.
     active: bool,
+    /// The frozen policy's greedy decode of a training batch, as a device graph.
+    graph: RecordedRollout,
 }
 
 impl RolloutBaseline {
@@ -112,6 +116,7 @@ impl RolloutBaseline {
             },
             warmup_epochs: r.warmup_epochs,
             active: false,
+            graph: RecordedRollout::new(r.baseline_graph, setup.device),
         })
     }
 
@@ -139,6 +144,7 @@ impl RolloutBaseline {
             if p < self.alpha {
                 test.replaced = true;
                 self.model = candidate.clone();
+                self.graph.forget();
                 self.eval_seed = self.rng.next_u64();
                 self.eval_batches = e.batches(self.eval_seed);
                 self.eval_costs = decode_costs(
@@ -159,12 +165,26 @@ impl Baseline for RolloutBaseline {
         self.active = epoch >= self.warmup_epochs;
     }
 
-    fn decode(&self, problem: &DeviceBatch) -> Option<Tensor<2, Int>> {
-        self.active.then(|| {
-            self.model
-                .decode(&problem.without_autodiff(), &self.eval.options)
+    fn decode(
+        &mut self,
+        batch: &Batch,
+        problem: &DeviceBatch,
+        shards: &[Range<usize>],
+    ) -> Result<Vec<Tensor<2, Int>>, TrainError> {
+        if !self.active {
+            return Ok(Vec::new());
+        }
+        let (model, options, device) = (&self.model, &self.eval.options, &self.eval.device);
+        if shards.len() == 1 {
+            if let Some(actions) = self.graph.decode(model, batch, options, device)? {
+                return Ok(vec![actions]);
+            }
+        }
+        Ok(in_parallel(shards.to_vec(), |range| {
+            model
+                .decode(&problem.shard(range).without_autodiff(), options)
                 .actions
-        })
+        }))
     }
 
     fn values(
