@@ -173,10 +173,13 @@ pub(crate) fn rollout(
                     .noise
                     .as_ref()
                     .expect("a sampled decode needs DeviceBatch noise");
-                // Detached: the choice carries no gradient, and on an autodiff device
-                // the CDF's operations would each be recorded in the graph.
-                let uniform = noise.clone().slice_dim(1, step..step + 1);
-                sample_inverse_cdf(log_p.clone().detach(), uniform, stable)
+                // Outside autodiff: the choice carries no gradient, and on an autodiff
+                // device the CDF's operations would each be recorded in the graph.
+                let uniform = noise
+                    .clone()
+                    .slice_dim(1, step..step + 1)
+                    .without_autodiff();
+                sample_inverse_cdf(log_p.clone().without_autodiff(), uniform, stable)
             }
         };
         record.push_log_prob(log_p.gather(1, action.clone())); // [R, 1]

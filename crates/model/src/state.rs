@@ -103,6 +103,10 @@ impl CvrpState {
         fusable: bool,
     ) -> Self {
         let [b, n] = demands.dims();
+        // The state carries no gradient: outside autodiff, its operations skip the autodiff
+        // layer's bookkeeping, and the model's differentiable operations read them as
+        // constants.
+        let (demands, capacity) = (demands.without_autodiff(), capacity.without_autodiff());
         let device = demands.device();
         let (demands, capacity, tolerance) = match arithmetic {
             LoadArithmetic::Exact => (demands, capacity, CAPACITY_TOLERANCE),
