@@ -26,6 +26,8 @@ pub mod routing_model;
 mod row_kernels;
 mod self_attention;
 pub mod state;
+#[cfg(any(feature = "cuda", feature = "cpu"))]
+mod state_kernel;
 
 pub use attention_model::{AttentionModel, AttentionModelConfig, Precomputed};
 pub use backend::{records_device_graphs, runs_through_cubecl, Backend, BackendError};

@@ -72,7 +72,17 @@ enum Visited {
     Ones {
         served: Tensor<2>,
         is_customer: Tensor<2>,
+        /// On CubeCL devices, the step and the next mask as one kernel
+        /// (`state_kernel`): the mask it made at the last step, and `[1, N]` true at the
+        /// customers, whose bool type the kernel's mask takes.
+        kernel: Option<StepKernelState>,
     },
+}
+
+#[derive(Debug, Clone)]
+struct StepKernelState {
+    next_mask: Option<Tensor<2, Bool>>,
+    bool_like: Tensor<2, Bool>,
 }
 
 impl CvrpState {
@@ -123,6 +133,12 @@ impl CvrpState {
                         .reshape([1, n])
                         .clamp_max(1)
                         .float(),
+                    kernel: crate::backend::runs_through_cubecl(&device).then(|| StepKernelState {
+                        next_mask: None,
+                        bool_like: Tensor::<1, Int>::arange(0..n as i64, &device)
+                            .reshape([1, n])
+                            .greater_elem(0),
+                    }),
                 },
                 false => Visited::Flags(Tensor::<2>::zeros([b, n], &device).bool()),
             },
@@ -150,6 +166,14 @@ impl CvrpState {
     /// CubeCL fuses on CubeCL devices, Burn's tensor operations elsewhere.
     pub fn mask(&self) -> Tensor<2, Bool> {
         let visited = match &self.visited {
+            Visited::Ones {
+                kernel:
+                    Some(StepKernelState {
+                        next_mask: Some(mask),
+                        ..
+                    }),
+                ..
+            } => return mask.clone(),
             Visited::Ones { .. } => return self.mask_fusable(),
             Visited::Flags(visited) => visited,
         };
@@ -173,6 +197,7 @@ impl CvrpState {
         let Visited::Ones {
             served,
             is_customer,
+            ..
         } = &self.visited
         else {
             unreachable!("the 0/1 form's mask");
@@ -212,6 +237,43 @@ impl CvrpState {
         Tensor::cat(vec![depot_mask, customer_mask], 1)
     }
 
+    /// The state kernel's step from `served`: the new load, served flags and mask.
+    #[cfg(any(feature = "cuda", feature = "cpu"))]
+    fn kernel_step(
+        &self,
+        action: &Tensor<2, Int>,
+        served: &Tensor<2>,
+        bool_like: &Tensor<2, Bool>,
+    ) -> (Tensor<2>, Tensor<2>, Tensor<2, Bool>) {
+        use crate::state_kernel::StateStepBackend;
+        use burn::backend::Dispatch;
+        let (used, served, mask) = <Dispatch as StateStepBackend>::state_step(
+            action.clone().into_dispatch(),
+            self.demands.clone().into_dispatch(),
+            self.capacity.clone().into_dispatch(),
+            self.used_capacity.clone().into_dispatch(),
+            served.clone().into_dispatch(),
+            bool_like.clone().into_dispatch(),
+            self.tolerance,
+        );
+        let served = Tensor::from_dispatch(served);
+        (
+            Tensor::from_dispatch(used),
+            served,
+            Tensor::from_dispatch(mask),
+        )
+    }
+
+    #[cfg(not(any(feature = "cuda", feature = "cpu")))]
+    fn kernel_step(
+        &self,
+        _action: &Tensor<2, Int>,
+        _served: &Tensor<2>,
+        _bool_like: &Tensor<2, Bool>,
+    ) -> (Tensor<2>, Tensor<2>, Tensor<2, Bool>) {
+        unreachable!("the state kernel is made only on CubeCL devices")
+    }
+
     /// `[B, 1]` true where every customer has been served.
     pub fn finished(&self) -> Tensor<2, Bool> {
         let visited = match &self.visited {
@@ -225,9 +287,18 @@ impl CvrpState {
     /// Moves each vehicle to `action` (`[B, 1]`): a depot visit starts a new route.
     pub fn step(&mut self, action: Tensor<2, Int>) {
         let [b, n] = self.demands.dims();
-        let to_depot = action.clone().equal_elem(0); // [B, 1]
-        let demand = self.demands.clone().gather(1, action.clone()); // [B, 1]
-        self.used_capacity = (self.used_capacity.clone() + demand).mask_fill(to_depot.clone(), 0.0);
+        let action = action.without_autodiff();
+        if !matches!(
+            self.visited,
+            Visited::Ones {
+                kernel: Some(_),
+                ..
+            }
+        ) {
+            let to_depot = action.clone().equal_elem(0); // [B, 1]
+            let demand = self.demands.clone().gather(1, action.clone()); // [B, 1]
+            self.used_capacity = (self.used_capacity.clone() + demand).mask_fill(to_depot, 0.0);
+        }
         // Not `one_hot`: Burn 0.22.1 checks its indices with a device read (`into_scalar`),
         // a host sync at every step, which a CUDA graph cannot record (error 907).
         self.visited = match &self.visited {
@@ -242,12 +313,30 @@ impl CvrpState {
             Visited::Ones {
                 served,
                 is_customer,
+                kernel: Some(kernel),
+            } => {
+                let (used, served, mask) = self.kernel_step(&action, served, &kernel.bool_like);
+                self.used_capacity = used;
+                Visited::Ones {
+                    served,
+                    is_customer: is_customer.clone(),
+                    kernel: Some(StepKernelState {
+                        next_mask: Some(mask),
+                        bool_like: kernel.bool_like.clone(),
+                    }),
+                }
+            }
+            Visited::Ones {
+                served,
+                is_customer,
+                kernel: None,
             } => Visited::Ones {
                 // Broadcast, not expanded: an expand ends a fused chain.
                 served: served
                     .clone()
                     .mask_fill(self.node_ids.clone().equal(action.clone()), 1.0), // [B, N]
                 is_customer: is_customer.clone(),
+                kernel: None,
             },
         };
         self.last_node = action;
@@ -289,8 +378,9 @@ mod tests {
             .collect();
         let demands = Tensor::<2>::from_data(TensorData::new(demands, [rows, n]), device);
         let capacity = Tensor::<2>::from_data(TensorData::new(capacities, [rows, 1]), device);
-        let mut state = CvrpState::with_arithmetic(demands.clone(), capacity.clone(), arithmetic);
-        // CubeCL's form, run here in lockstep: the same masks from 0/1 floats.
+        let mut state = CvrpState::in_form(demands.clone(), capacity.clone(), arithmetic, false);
+        // CubeCL's form, run here in lockstep: the same masks from 0/1 floats (and on a
+        // CubeCL device, from the state kernel).
         let mut ones = CvrpState::in_form(demands, capacity, arithmetic, true);
         let (mut depot_open_at_depot, mut depot_shut, mut fits_exactly) = (0, 0, 0);
         for step in 0..2 * n {
@@ -317,8 +407,12 @@ mod tests {
             let actions = Tensor::<2, Int>::from_data(TensorData::new(actions, [rows, 1]), device);
             state.step(actions.clone());
             ones.step(actions);
-            let remaining = state.remaining_capacity_fraction();
-            let remaining = remaining.into_data().try_to_vec::<f32>().expect("floats");
+            let read = |s: &CvrpState| {
+                let remaining = s.remaining_capacity_fraction().into_data();
+                remaining.try_to_vec::<f32>().expect("floats")
+            };
+            let remaining = read(&state);
+            assert_eq!(read(&ones), remaining, "0/1 form's loads, step {step}");
             fits_exactly += remaining.iter().filter(|&&f| f == 0.0).count();
         }
         // The walk reached the cases the rule tells apart, and ended with every row done.
@@ -332,6 +426,19 @@ mod tests {
             for arithmetic in [LoadArithmetic::Exact, LoadArithmetic::Float32] {
                 assert_fused_mask_matches(&device, arithmetic);
             }
+        }
+    }
+
+    /// On CubeCL's CPU runtime the 0/1 form steps through the state kernel
+    /// (`state_kernel`), which makes the next mask with the step: the same masks, loads
+    /// and finished rows as the op-by-op form at every step of the walk.
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_state_kernel_matches_op_by_op() {
+        let _alone = crate::test_values::one_cube_test_at_a_time();
+        let device = crate::Backend::Cpu.device().unwrap();
+        for arithmetic in [LoadArithmetic::Exact, LoadArithmetic::Float32] {
+            assert_fused_mask_matches(&device, arithmetic);
         }
     }
 }

@@ -1,0 +1,173 @@
+//! [`CvrpState::step`](crate::CvrpState::step) and the next step's mask as one CubeCL
+//! kernel (CUDA, and CubeCL's CPU runtime). Composed from Burn's operations the same work
+//! is eight kernels a decode step on CubeCL devices (a scalar comparison, a gather, four
+//! fused chains, a reduction, the depot row), since its comparisons, gather and sum each
+//! end a fused chain there (benches/README, Sessions 33 and 34); at a small model's sizes a
+//! kernel costs what its launch costs.
+//!
+//! One unit per row walks the row's nodes. The arithmetic is the op-by-op form's, in the
+//! tensors' own float type and order: `load = used + demand[action]` (0 at the depot),
+//! `demand + load > capacity + tolerance`, so the masks are the same bit for bit.
+
+use burn::backend::backend_extension;
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::backend::tensor::{BoolTensor, FloatTensor, IntTensor};
+#[allow(unused_imports)] // in the Fusion metadata
+use burn::tensor::Shape;
+use burn_cubecl::cubecl;
+use burn_cubecl::cubecl::prelude::*;
+use burn_cubecl::cubecl::{CubeCount, CubeDim};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::CubeBackend;
+
+/// Rows per cube on a GPU.
+const UNITS: u32 = 64;
+
+/// The state's step as a backend operation.
+#[backend_extension(Cube, Fusion)]
+pub trait StateStepBackend: burn::backend::Backend {
+    /// Moves each row's vehicle to `action` (`[R, 1]`) and returns the new load `[R, 1]`,
+    /// the new served flags `[R, N]` (0/1, the depot's column included) and the next
+    /// mask `[R, N]` (true = closed), whose bool type is `bool_like`'s.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    #[fusion(meta = step_metadata)]
+    fn state_step(
+        action: IntTensor<Self>,
+        demands: FloatTensor<Self>,
+        capacity: FloatTensor<Self>,
+        used: FloatTensor<Self>,
+        served: FloatTensor<Self>,
+        bool_like: BoolTensor<Self>,
+        tolerance: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, BoolTensor<Self>);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn step_metadata(
+    _action: &burn::backend::fusion::custom::TensorSpec,
+    _demands: &burn::backend::fusion::custom::TensorSpec,
+    _capacity: &burn::backend::fusion::custom::TensorSpec,
+    used: &burn::backend::fusion::custom::TensorSpec,
+    served: &burn::backend::fusion::custom::TensorSpec,
+    bool_like: &burn::backend::fusion::custom::TensorSpec,
+    _tolerance: &f32,
+) -> (
+    burn::backend::fusion::custom::TensorSpec,
+    burn::backend::fusion::custom::TensorSpec,
+    burn::backend::fusion::custom::TensorSpec,
+) {
+    use burn::backend::fusion::custom::TensorSpec;
+    (
+        TensorSpec::new(used.shape.clone(), used.dtype),
+        TensorSpec::new(served.shape.clone(), served.dtype),
+        TensorSpec::new(served.shape.clone(), bool_like.dtype),
+    )
+}
+
+impl StateStepBackend for CubeBackend {
+    fn state_step(
+        action: IntTensor<Self>,
+        demands: FloatTensor<Self>,
+        capacity: FloatTensor<Self>,
+        used: FloatTensor<Self>,
+        served: FloatTensor<Self>,
+        bool_like: BoolTensor<Self>,
+        tolerance: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, BoolTensor<Self>) {
+        let [action, demands, capacity, used, served] =
+            [action, demands, capacity, used, served].map(into_contiguous);
+        let [rows, nodes] = served.meta.shape().dims::<2>();
+        let (float, int, boolean) = (served.dtype, action.dtype, bool_like.dtype);
+        let (client, device) = (served.client.clone(), served.device.clone());
+        let empty = |shape: [usize; 2], dtype| {
+            empty_device_contiguous_dtype(client.clone(), device.clone(), Shape::new(shape), dtype)
+        };
+        let (used_out, served_out, mask_out) = (
+            empty([rows, 1], float),
+            empty([rows, nodes], float),
+            empty([rows, nodes], boolean),
+        );
+        let units = UNITS
+            .min(client.properties().hardware.max_units_per_cube)
+            .max(1);
+        state_step_kernel::launch(
+            &client,
+            CubeCount::Static((rows as u32).div_ceil(units).max(1), 1, 1),
+            CubeDim::new_1d(units),
+            action.into_tensor_arg(),
+            demands.into_tensor_arg(),
+            capacity.into_tensor_arg(),
+            used.into_tensor_arg(),
+            served.into_tensor_arg(),
+            used_out.clone().into_tensor_arg(),
+            served_out.clone().into_tensor_arg(),
+            mask_out.clone().into_tensor_arg(),
+            tolerance,
+            rows as u32,
+            nodes as u32,
+            [
+                dtype_to_storage_type(float),
+                dtype_to_storage_type(int),
+                dtype_to_storage_type(boolean),
+            ],
+        );
+        (used_out, served_out, mask_out)
+    }
+}
+
+/// Every tensor contiguous, row-major: row `r` of an `[R, N]` tensor starts at `r · N`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn state_step_kernel<F: Float, I: Int, M: Int>(
+    action: &Tensor<I>,
+    demands: &Tensor<F>,
+    capacity: &Tensor<F>,
+    used: &Tensor<F>,
+    served: &Tensor<F>,
+    used_out: &mut Tensor<F>,
+    served_out: &mut Tensor<F>,
+    mask_out: &mut Tensor<M>,
+    tolerance: f32,
+    row_count: u32,
+    node_count: u32,
+    #[define(F, I, M)] _dtypes: [ElemType; 3],
+) {
+    let row = (CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X) as usize;
+    if row < row_count as usize {
+        let nodes = node_count as usize;
+        let first = row * nodes;
+        let to = usize::cast_from(action[row]);
+        let at_depot = to == 0;
+        let mut load = used[row] + demands[first + to];
+        if at_depot {
+            load = F::new(0.0);
+        }
+        used_out[row] = load;
+        let limit = capacity[row] + F::cast_from(tolerance);
+        let mut open = 0u32;
+        for node in 0..nodes {
+            let mut was_served = served[first + node];
+            if node == to {
+                was_served = F::new(1.0);
+            }
+            served_out[first + node] = was_served;
+            if node > 0 {
+                let closed = was_served > F::new(0.5) || demands[first + node] + load > limit;
+                let mut flag = 0u32;
+                if closed {
+                    flag = 1u32;
+                } else {
+                    open += 1u32;
+                }
+                mask_out[first + node] = M::cast_from(flag);
+            }
+        }
+        // At the depot with a customer left to serve: the depot is shut.
+        let mut depot_flag = 0u32;
+        if at_depot && open > 0u32 {
+            depot_flag = 1u32;
+        }
+        mask_out[first] = M::cast_from(depot_flag);
+    }
+}
