@@ -165,28 +165,47 @@ pub(crate) fn rollout(
             break;
         }
         let log_p = next_log_probs(&state); // [R, N]
-        let action = match (follow, options.selection) {
-            (Some(tours), _) => tour_column(tours, step, rows), // [R, 1]
-            (None, Selection::Greedy) => log_p.clone().argmax(1), // [R, 1]
-            (None, Selection::Sample { .. }) => {
+                                            // Outside autodiff: the choice carries no gradient, and on an autodiff device the
+                                            // CDF's operations would each be recorded in the graph.
+        let uniform = match options.selection {
+            Selection::Greedy => None,
+            Selection::Sample { .. } => {
                 let noise = problem
                     .noise
                     .as_ref()
                     .expect("a sampled decode needs DeviceBatch noise");
-                // Outside autodiff: the choice carries no gradient, and on an autodiff
-                // device the CDF's operations would each be recorded in the graph.
-                let uniform = noise
-                    .clone()
-                    .slice_dim(1, step..step + 1)
-                    .without_autodiff();
-                sample_inverse_cdf(log_p.clone().without_autodiff(), uniform, stable)
+                Some(
+                    noise
+                        .clone()
+                        .slice_dim(1, step..step + 1)
+                        .without_autodiff(),
+                ) // [R, 1]
             }
         };
+        // On CubeCL devices the state's kernel chooses and steps at once.
+        let chosen = match follow {
+            Some(_) => None,
+            None => state.choose_and_step(log_p.clone(), uniform.clone()),
+        };
+        let action = match (chosen, follow, uniform) {
+            (Some(action), _, _) => action,
+            (None, Some(tours), _) => step_to(&mut state, tour_column(tours, step, rows)),
+            (None, None, None) => step_to(&mut state, log_p.clone().argmax(1)),
+            (None, None, Some(uniform)) => {
+                let log_p = log_p.clone().without_autodiff();
+                step_to(&mut state, sample_inverse_cdf(log_p, uniform, stable))
+            }
+        }; // [R, 1]
         record.push_log_prob(log_p.gather(1, action.clone())); // [R, 1]
-        state.step(action.clone());
         record.push_action(step, action);
     }
     record.finish(starts)
+}
+
+/// `state` moved to `action` (`[R, 1]`), which is returned.
+fn step_to(state: &mut CvrpState, action: Tensor<2, Int>) -> Tensor<2, Int> {
+    state.step(action.clone());
+    action
 }
 
 /// Column `step` of `tours` (`[R, T']`), or the depot where the tours have ended.
@@ -427,6 +446,64 @@ mod tests {
             let picked = sample_inverse_cdf(log_p.clone(), uniform.clone(), fusable);
             let picked: Vec<i64> = picked.into_data().iter::<i64>().collect();
             assert_eq!(picked, [0, 0, 0, 2, 2, 3, 3], "fusable {fusable}");
+        }
+    }
+
+    /// On CubeCL's CPU runtime the state kernel chooses as the op-by-op forms do (Burn's
+    /// `argmax`, the inverse CDF CubeCL devices used before it), at every step of walks
+    /// through random policies over 32 rows, greedy and sampled; then both states give
+    /// the same next mask.
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_state_kernel_chooses_as_the_op_by_op_forms() {
+        use burn::tensor::activation::log_softmax;
+        use burn::tensor::Distribution;
+        let _alone = crate::test_values::one_cube_test_at_a_time();
+        let device = crate::Backend::Cpu.device().unwrap();
+        let (rows, n) = (32, 9);
+        let demands: Vec<f32> = (0..rows * n)
+            .map(|i| {
+                if i % n == 0 {
+                    0.0
+                } else {
+                    (1 + (i * 7) % 9) as f32
+                }
+            })
+            .collect();
+        let capacities: Vec<f32> = (0..rows).map(|r| (8 + (r * 5) % 17) as f32).collect();
+        let demands = Tensor::<2>::from_data(TensorData::new(demands, [rows, n]), &device);
+        let capacity = Tensor::<2>::from_data(TensorData::new(capacities, [rows, 1]), &device);
+        let read = |t: Tensor<2, Int>| t.into_data().iter::<i64>().collect::<Vec<_>>();
+        let read_mask =
+            |t: Tensor<2, burn::tensor::Bool>| t.into_data().iter::<bool>().collect::<Vec<_>>();
+        for sample in [false, true] {
+            let arithmetic = LoadArithmetic::Exact;
+            let mut reference =
+                CvrpState::in_form(demands.clone(), capacity.clone(), arithmetic, false);
+            let mut kernel =
+                CvrpState::in_form(demands.clone(), capacity.clone(), arithmetic, true);
+            for step in 0..2 * n {
+                let mask = reference.mask();
+                let logits =
+                    Tensor::<2>::random([rows, n], Distribution::Normal(0.0, 2.0), &device);
+                let log_p = log_softmax(logits.mask_fill(mask, f32::NEG_INFINITY), 1);
+                let uniform = sample.then(|| {
+                    Tensor::<2>::random([rows, 1], Distribution::Uniform(0.0, 1.0), &device)
+                });
+                let expected = match &uniform {
+                    Some(u) => sample_inverse_cdf(log_p.clone(), u.clone(), true),
+                    None => log_p.clone().argmax(1),
+                };
+                let chosen = kernel
+                    .choose_and_step(log_p, uniform)
+                    .expect("CubeCL devices choose in the state kernel");
+                let expected = read(expected);
+                assert_eq!(read(chosen), expected, "sample {sample}, step {step}");
+                let expected =
+                    Tensor::<2, Int>::from_data(TensorData::new(expected, [rows, 1]), &device);
+                reference.step(expected);
+                assert_eq!(read_mask(kernel.mask()), read_mask(reference.mask()));
+            }
         }
     }
 

@@ -106,7 +106,7 @@ impl CvrpState {
 
     /// [`CvrpState::with_arithmetic`], with the served customers as 0/1 floats when
     /// `fusable` (the form CubeCL devices get, see [`Visited`]).
-    fn in_form(
+    pub(crate) fn in_form(
         demands: Tensor<2>,
         capacity: Tensor<2>,
         arithmetic: LoadArithmetic,
@@ -235,6 +235,86 @@ impl CvrpState {
         let at_depot = self.last_node.clone().equal_elem(0); // [B, 1]
         let depot_mask = at_depot.bool_and(any_customer_feasible); // [B, 1]
         Tensor::cat(vec![depot_mask, customer_mask], 1)
+    }
+
+    /// On CubeCL devices, chooses each row's next node from `log_p` (`[R, N]`) and moves
+    /// there in one kernel: the most likely node, or with `uniform` (`[R, 1]`) the
+    /// inverse of the CDF there, as the decode's op-by-op choice makes them. The `[R, 1]`
+    /// choice; `None` (and nothing done) on other devices, where the caller chooses.
+    pub(crate) fn choose_and_step(
+        &mut self,
+        log_p: Tensor<2>,
+        uniform: Option<Tensor<2>>,
+    ) -> Option<Tensor<2, Int>> {
+        let Visited::Ones {
+            served,
+            is_customer,
+            kernel: Some(kernel),
+        } = &self.visited
+        else {
+            return None;
+        };
+        let (action, used, served, mask) =
+            self.kernel_choice(log_p, uniform, served, &kernel.bool_like);
+        self.visited = Visited::Ones {
+            served,
+            is_customer: is_customer.clone(),
+            kernel: Some(StepKernelState {
+                next_mask: Some(mask),
+                bool_like: kernel.bool_like.clone(),
+            }),
+        };
+        self.used_capacity = used;
+        self.last_node = action.clone();
+        Some(action)
+    }
+
+    #[cfg(any(feature = "cuda", feature = "cpu"))]
+    #[allow(clippy::type_complexity)]
+    fn kernel_choice(
+        &self,
+        log_p: Tensor<2>,
+        uniform: Option<Tensor<2>>,
+        served: &Tensor<2>,
+        bool_like: &Tensor<2, Bool>,
+    ) -> (Tensor<2, Int>, Tensor<2>, Tensor<2>, Tensor<2, Bool>) {
+        use crate::state_kernel::StateStepBackend;
+        use burn::backend::Dispatch;
+        let sample = uniform.is_some();
+        // Greedy reads no uniform: any float tensor stands in.
+        let uniform = uniform.unwrap_or_else(|| self.used_capacity.clone());
+        let (action, used, served, mask) = <Dispatch as StateStepBackend>::choose_and_step(
+            log_p.without_autodiff().into_dispatch(),
+            uniform.without_autodiff().into_dispatch(),
+            self.demands.clone().into_dispatch(),
+            self.capacity.clone().into_dispatch(),
+            self.used_capacity.clone().into_dispatch(),
+            served.clone().into_dispatch(),
+            self.last_node.clone().into_dispatch(),
+            bool_like.clone().into_dispatch(),
+            self.tolerance,
+            sample,
+        );
+        let action = Tensor::from_dispatch(action);
+        let served = Tensor::from_dispatch(served);
+        (
+            action,
+            Tensor::from_dispatch(used),
+            served,
+            Tensor::from_dispatch(mask),
+        )
+    }
+
+    #[cfg(not(any(feature = "cuda", feature = "cpu")))]
+    #[allow(clippy::type_complexity)]
+    fn kernel_choice(
+        &self,
+        _log_p: Tensor<2>,
+        _uniform: Option<Tensor<2>>,
+        _served: &Tensor<2>,
+        _bool_like: &Tensor<2, Bool>,
+    ) -> (Tensor<2, Int>, Tensor<2>, Tensor<2>, Tensor<2, Bool>) {
+        unreachable!("the state kernel is made only on CubeCL devices")
     }
 
     /// The state kernel's step from `served`: the new load, served flags and mask.

@@ -41,6 +41,30 @@ pub trait StateStepBackend: burn::backend::Backend {
         bool_like: BoolTensor<Self>,
         tolerance: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, BoolTensor<Self>);
+
+    /// Chooses each row's next node from `log_p` (`[R, N]`): the most likely, or with
+    /// `sample` the inverse of the CDF at `uniform` (`[R, 1]`; read only with `sample`),
+    /// then [`StateStepBackend::state_step`] to it. Returns the `[R, 1]` choice, of
+    /// `int_like`'s int type, with the step's outputs.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    #[fusion(meta = choice_metadata)]
+    fn choose_and_step(
+        log_p: FloatTensor<Self>,
+        uniform: FloatTensor<Self>,
+        demands: FloatTensor<Self>,
+        capacity: FloatTensor<Self>,
+        used: FloatTensor<Self>,
+        served: FloatTensor<Self>,
+        int_like: IntTensor<Self>,
+        bool_like: BoolTensor<Self>,
+        tolerance: f32,
+        sample: bool,
+    ) -> (
+        IntTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        BoolTensor<Self>,
+    );
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -59,6 +83,33 @@ fn step_metadata(
 ) {
     use burn::backend::fusion::custom::TensorSpec;
     (
+        TensorSpec::new(used.shape.clone(), used.dtype),
+        TensorSpec::new(served.shape.clone(), served.dtype),
+        TensorSpec::new(served.shape.clone(), bool_like.dtype),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn choice_metadata(
+    _log_p: &burn::backend::fusion::custom::TensorSpec,
+    _uniform: &burn::backend::fusion::custom::TensorSpec,
+    _demands: &burn::backend::fusion::custom::TensorSpec,
+    _capacity: &burn::backend::fusion::custom::TensorSpec,
+    used: &burn::backend::fusion::custom::TensorSpec,
+    served: &burn::backend::fusion::custom::TensorSpec,
+    int_like: &burn::backend::fusion::custom::TensorSpec,
+    bool_like: &burn::backend::fusion::custom::TensorSpec,
+    _tolerance: &f32,
+    _sample: &bool,
+) -> (
+    burn::backend::fusion::custom::TensorSpec,
+    burn::backend::fusion::custom::TensorSpec,
+    burn::backend::fusion::custom::TensorSpec,
+    burn::backend::fusion::custom::TensorSpec,
+) {
+    use burn::backend::fusion::custom::TensorSpec;
+    (
+        TensorSpec::new(used.shape.clone(), int_like.dtype),
         TensorSpec::new(used.shape.clone(), used.dtype),
         TensorSpec::new(served.shape.clone(), served.dtype),
         TensorSpec::new(served.shape.clone(), bool_like.dtype),
@@ -114,6 +165,67 @@ impl StateStepBackend for CubeBackend {
         );
         (used_out, served_out, mask_out)
     }
+
+    fn choose_and_step(
+        log_p: FloatTensor<Self>,
+        uniform: FloatTensor<Self>,
+        demands: FloatTensor<Self>,
+        capacity: FloatTensor<Self>,
+        used: FloatTensor<Self>,
+        served: FloatTensor<Self>,
+        int_like: IntTensor<Self>,
+        bool_like: BoolTensor<Self>,
+        tolerance: f32,
+        sample: bool,
+    ) -> (
+        IntTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        BoolTensor<Self>,
+    ) {
+        let [log_p, uniform, demands, capacity, used, served] =
+            [log_p, uniform, demands, capacity, used, served].map(into_contiguous);
+        let [rows, nodes] = served.meta.shape().dims::<2>();
+        let (float, int, boolean) = (served.dtype, int_like.dtype, bool_like.dtype);
+        let (client, device) = (served.client.clone(), served.device.clone());
+        let empty = |shape: [usize; 2], dtype| {
+            empty_device_contiguous_dtype(client.clone(), device.clone(), Shape::new(shape), dtype)
+        };
+        let (action_out, used_out, served_out, mask_out) = (
+            empty([rows, 1], int),
+            empty([rows, 1], float),
+            empty([rows, nodes], float),
+            empty([rows, nodes], boolean),
+        );
+        let units = UNITS
+            .min(client.properties().hardware.max_units_per_cube)
+            .max(1);
+        choose_and_step_kernel::launch(
+            &client,
+            CubeCount::Static((rows as u32).div_ceil(units).max(1), 1, 1),
+            CubeDim::new_1d(units),
+            log_p.into_tensor_arg(),
+            uniform.into_tensor_arg(),
+            demands.into_tensor_arg(),
+            capacity.into_tensor_arg(),
+            used.into_tensor_arg(),
+            served.into_tensor_arg(),
+            action_out.clone().into_tensor_arg(),
+            used_out.clone().into_tensor_arg(),
+            served_out.clone().into_tensor_arg(),
+            mask_out.clone().into_tensor_arg(),
+            tolerance,
+            rows as u32,
+            nodes as u32,
+            u32::from(sample),
+            [
+                dtype_to_storage_type(float),
+                dtype_to_storage_type(int),
+                dtype_to_storage_type(boolean),
+            ],
+        );
+        (action_out, used_out, served_out, mask_out)
+    }
 }
 
 /// Every tensor contiguous, row-major: row `r` of an `[R, N]` tensor starts at `r · N`.
@@ -135,39 +247,131 @@ fn state_step_kernel<F: Float, I: Int, M: Int>(
 ) {
     let row = (CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X) as usize;
     if row < row_count as usize {
+        let to = usize::cast_from(action[row]);
+        step_row(
+            to,
+            row,
+            node_count as usize,
+            demands,
+            capacity,
+            used,
+            served,
+            used_out,
+            served_out,
+            mask_out,
+            tolerance,
+        );
+    }
+}
+
+/// The choice, as the op-by-op forms make it: the first of the largest log-probabilities
+/// (Burn's `argmax`), or the number of nodes whose running sum of probabilities, summed in
+/// node order, is below `uniform · total` (at most the last node).
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn choose_and_step_kernel<F: Float, I: Int, M: Int>(
+    log_p: &Tensor<F>,
+    uniform: &Tensor<F>,
+    demands: &Tensor<F>,
+    capacity: &Tensor<F>,
+    used: &Tensor<F>,
+    served: &Tensor<F>,
+    action_out: &mut Tensor<I>,
+    used_out: &mut Tensor<F>,
+    served_out: &mut Tensor<F>,
+    mask_out: &mut Tensor<M>,
+    tolerance: f32,
+    row_count: u32,
+    node_count: u32,
+    sample: u32,
+    #[define(F, I, M)] _dtypes: [ElemType; 3],
+) {
+    let row = (CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X) as usize;
+    if row < row_count as usize {
         let nodes = node_count as usize;
         let first = row * nodes;
-        let to = usize::cast_from(action[row]);
-        let at_depot = to == 0;
-        let mut load = used[row] + demands[first + to];
-        if at_depot {
-            load = F::new(0.0);
-        }
-        used_out[row] = load;
-        let limit = capacity[row] + F::cast_from(tolerance);
-        let mut open = 0u32;
-        for node in 0..nodes {
-            let mut was_served = served[first + node];
-            if node == to {
-                was_served = F::new(1.0);
+        let mut to = 0usize;
+        if sample == 1u32 {
+            let mut total = F::new(0.0);
+            for node in 0..nodes {
+                total += F::exp(log_p[first + node]);
             }
-            served_out[first + node] = was_served;
-            if node > 0 {
-                let closed = was_served > F::new(0.5) || demands[first + node] + load > limit;
-                let mut flag = 0u32;
-                if closed {
-                    flag = 1u32;
-                } else {
-                    open += 1u32;
+            let threshold = uniform[row] * total;
+            let mut cdf = F::new(0.0);
+            let mut below = 0usize;
+            for node in 0..nodes {
+                cdf += F::exp(log_p[first + node]);
+                if cdf < threshold {
+                    below += 1;
                 }
-                mask_out[first + node] = M::cast_from(flag);
+            }
+            to = below;
+            if to > nodes - 1 {
+                to = nodes - 1;
+            }
+        } else {
+            let mut best = log_p[first];
+            for node in 1..nodes {
+                if log_p[first + node] > best {
+                    best = log_p[first + node];
+                    to = node;
+                }
             }
         }
-        // At the depot with a customer left to serve: the depot is shut.
-        let mut depot_flag = 0u32;
-        if at_depot && open > 0u32 {
-            depot_flag = 1u32;
-        }
-        mask_out[first] = M::cast_from(depot_flag);
+        action_out[row] = I::cast_from(to);
+        step_row(
+            to, row, nodes, demands, capacity, used, served, used_out, served_out, mask_out,
+            tolerance,
+        );
     }
+}
+
+/// One row's step to node `to`: its new load and served flags, and the next mask.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn step_row<F: Float, M: Int>(
+    to: usize,
+    row: usize,
+    nodes: usize,
+    demands: &Tensor<F>,
+    capacity: &Tensor<F>,
+    used: &Tensor<F>,
+    served: &Tensor<F>,
+    used_out: &mut Tensor<F>,
+    served_out: &mut Tensor<F>,
+    mask_out: &mut Tensor<M>,
+    tolerance: f32,
+) {
+    let first = row * nodes;
+    let at_depot = to == 0;
+    let mut load = used[row] + demands[first + to];
+    if at_depot {
+        load = F::new(0.0);
+    }
+    used_out[row] = load;
+    let limit = capacity[row] + F::cast_from(tolerance);
+    let mut open = 0u32;
+    for node in 0..nodes {
+        let mut was_served = served[first + node];
+        if node == to {
+            was_served = F::new(1.0);
+        }
+        served_out[first + node] = was_served;
+        if node > 0 {
+            let closed = was_served > F::new(0.5) || demands[first + node] + load > limit;
+            let mut flag = 0u32;
+            if closed {
+                flag = 1u32;
+            } else {
+                open += 1u32;
+            }
+            mask_out[first + node] = M::cast_from(flag);
+        }
+    }
+    // At the depot with a customer left to serve: the depot is shut.
+    let mut depot_flag = 0u32;
+    if at_depot && open > 0u32 {
+        depot_flag = 1u32;
+    }
+    mask_out[first] = M::cast_from(depot_flag);
 }
