@@ -399,8 +399,10 @@ pub(crate) fn repeat_rows<const D: usize>(t: Tensor<D>, times: usize) -> Tensor<
 /// # Shapes
 /// - `log_p`: `[R, N]`, `uniform`: `[R, 1]` in (0, 1) → `[R, 1]`
 ///
-/// With `fusable` (CubeCL devices), the same count without the expand and the
-/// boolean-to-integer cast, which each end a fused chain there (see `CvrpState`).
+/// With `fusable`, the same count without the expand and the boolean-to-integer cast,
+/// which each end a fused chain on CubeCL devices: the form those used before the state
+/// kernel chose there (`CvrpState::choose_and_step`), kept as the reference it is tested
+/// against.
 fn sample_inverse_cdf(log_p: Tensor<2>, uniform: Tensor<2>, fusable: bool) -> Tensor<2, Int> {
     let [r, n] = log_p.dims();
     let cdf = log_p.exp().cumsum(1); // [R, N]

@@ -1,13 +1,18 @@
-//! [`CvrpState::step`](crate::CvrpState::step) and the next step's mask as one CubeCL
-//! kernel (CUDA, and CubeCL's CPU runtime). Composed from Burn's operations the same work
-//! is eight kernels a decode step on CubeCL devices (a scalar comparison, a gather, four
-//! fused chains, a reduction, the depot row), since its comparisons, gather and sum each
-//! end a fused chain there (benches/README, Sessions 33 and 34); at a small model's sizes a
-//! kernel costs what its launch costs.
+//! A decode step's choice, [`CvrpState::step`](crate::CvrpState::step) and the next step's
+//! mask as one CubeCL kernel (CUDA, and CubeCL's CPU runtime): `choose_and_step` for a
+//! decode that chooses (greedy or sampled), `state_step` for one that is told its nodes.
+//! Composed from Burn's operations the step and mask are eight kernels a decode step on
+//! CubeCL devices (a scalar comparison, a gather, four fused chains, a reduction, the depot
+//! row), and the choice one (argmax) to five (the inverse CDF: a cumulative sum, slices, a
+//! comparison and a count), since comparisons, gathers, slices and sums each end a fused
+//! chain there (benches/README, Sessions 33 and 34); at a small model's sizes a kernel
+//! costs what its launch costs.
 //!
-//! One unit per row walks the row's nodes. The arithmetic is the op-by-op form's, in the
-//! tensors' own float type and order: `load = used + demand[action]` (0 at the depot),
-//! `demand + load > capacity + tolerance`, so the masks are the same bit for bit.
+//! One unit per row walks the row's nodes. The arithmetic is the op-by-op forms', in the
+//! tensors' own float type and order: the first largest log-probability, or the count of
+//! running sums of probabilities (in node order) below `uniform · total`; `load = used +
+//! demand[action]` (0 at the depot), `demand + load > capacity + tolerance`. So the choices
+//! and masks are the same as theirs (the cube tests in `state` and `decode` walk both).
 
 use burn::backend::backend_extension;
 use burn::backend::cubecl::dtype_to_storage_type;
