@@ -165,8 +165,6 @@ pub(crate) fn rollout(
             break;
         }
         let log_p = next_log_probs(&state); // [R, N]
-                                            // Outside autodiff: the choice carries no gradient, and on an autodiff device the
-                                            // CDF's operations would each be recorded in the graph.
         let uniform = match options.selection {
             Selection::Greedy => None,
             Selection::Sample { .. } => {
@@ -174,12 +172,10 @@ pub(crate) fn rollout(
                     .noise
                     .as_ref()
                     .expect("a sampled decode needs DeviceBatch noise");
-                Some(
-                    noise
-                        .clone()
-                        .slice_dim(1, step..step + 1)
-                        .without_autodiff(),
-                ) // [R, 1]
+                // Outside autodiff, as the choice: it carries no gradient, and on an
+                // autodiff device each operation of the CDF would be recorded.
+                let column = noise.clone().slice_dim(1, step..step + 1); // [R, 1]
+                Some(column.without_autodiff())
             }
         };
         // On CubeCL devices the state's kernel chooses and steps at once.
