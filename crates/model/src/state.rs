@@ -58,8 +58,10 @@ pub struct CvrpState {
 /// On CubeCL devices Burn's fusion compiles elementwise chains into one kernel, but a
 /// boolean `or`, `and` or `not`, a slice, an expand or a `cat` ends the chain: composed
 /// of those, the mask and the step were ~12 kernel launches a decode step. There the
-/// state keeps 0/1 floats and decides with comparisons, masked fills and one sum, which
-/// fuse ([`CvrpState::mask`], [`CvrpState::step`]); elsewhere it keeps booleans.
+/// state keeps 0/1 floats: the first mask comes from comparisons, masked fills and one
+/// sum, which fuse (`mask_fusable`), and each step (with the decode's choice, where it
+/// chooses) and the next mask from one kernel of this crate's (`state_kernel`,
+/// [`CvrpState::choose_and_step`]). Elsewhere it keeps booleans.
 #[derive(Debug, Clone)]
 #[allow(
     clippy::large_enum_variant,
@@ -72,7 +74,7 @@ enum Visited {
     Ones {
         served: Tensor<2>,
         is_customer: Tensor<2>,
-        /// On CubeCL devices, the step and the next mask as one kernel
+        /// On CubeCL devices, the choice, the step and the next mask as one kernel
         /// (`state_kernel`): the mask it made at the last step, and `[1, N]` true at the
         /// customers, whose bool type the kernel's mask takes.
         kernel: Option<StepKernelState>,
