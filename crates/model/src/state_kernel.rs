@@ -17,13 +17,13 @@
 use burn::backend::backend_extension;
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::backend::tensor::{BoolTensor, FloatTensor, IntTensor};
-#[allow(unused_imports)] // in the Fusion metadata
-use burn::tensor::Shape;
+use burn::tensor::{DType, Shape};
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::cubecl::{CubeCount, CubeDim};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 
 /// Rows per cube on a GPU.
@@ -133,42 +133,25 @@ impl StateStepBackend for CubeBackend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, BoolTensor<Self>) {
         let [action, demands, capacity, used, served] =
             [action, demands, capacity, used, served].map(into_contiguous);
-        let [rows, nodes] = served.meta.shape().dims::<2>();
-        let (float, int, boolean) = (served.dtype, action.dtype, bool_like.dtype);
-        let (client, device) = (served.client.clone(), served.device.clone());
-        let empty = |shape: [usize; 2], dtype| {
-            empty_device_contiguous_dtype(client.clone(), device.clone(), Shape::new(shape), dtype)
-        };
-        let (used_out, served_out, mask_out) = (
-            empty([rows, 1], float),
-            empty([rows, nodes], float),
-            empty([rows, nodes], boolean),
-        );
-        let units = UNITS
-            .min(client.properties().hardware.max_units_per_cube)
-            .max(1);
+        let out = StepOutputs::for_rows_of(&served, action.dtype, bool_like.dtype);
         state_step_kernel::launch(
-            &client,
-            CubeCount::Static((rows as u32).div_ceil(units).max(1), 1, 1),
-            CubeDim::new_1d(units),
+            &out.client,
+            out.count.clone(),
+            out.dim,
             action.into_tensor_arg(),
             demands.into_tensor_arg(),
             capacity.into_tensor_arg(),
             used.into_tensor_arg(),
             served.into_tensor_arg(),
-            used_out.clone().into_tensor_arg(),
-            served_out.clone().into_tensor_arg(),
-            mask_out.clone().into_tensor_arg(),
+            out.used.clone().into_tensor_arg(),
+            out.served.clone().into_tensor_arg(),
+            out.mask.clone().into_tensor_arg(),
             tolerance,
-            rows as u32,
-            nodes as u32,
-            [
-                dtype_to_storage_type(float),
-                dtype_to_storage_type(int),
-                dtype_to_storage_type(boolean),
-            ],
+            out.rows,
+            out.nodes,
+            out.dtypes,
         );
-        (used_out, served_out, mask_out)
+        (out.used, out.served, out.mask)
     }
 
     fn choose_and_step(
@@ -190,47 +173,72 @@ impl StateStepBackend for CubeBackend {
     ) {
         let [log_p, uniform, demands, capacity, used, served] =
             [log_p, uniform, demands, capacity, used, served].map(into_contiguous);
-        let [rows, nodes] = served.meta.shape().dims::<2>();
-        let (float, int, boolean) = (served.dtype, int_like.dtype, bool_like.dtype);
-        let (client, device) = (served.client.clone(), served.device.clone());
-        let empty = |shape: [usize; 2], dtype| {
-            empty_device_contiguous_dtype(client.clone(), device.clone(), Shape::new(shape), dtype)
-        };
-        let (action_out, used_out, served_out, mask_out) = (
-            empty([rows, 1], int),
-            empty([rows, 1], float),
-            empty([rows, nodes], float),
-            empty([rows, nodes], boolean),
-        );
-        let units = UNITS
-            .min(client.properties().hardware.max_units_per_cube)
-            .max(1);
+        let out = StepOutputs::for_rows_of(&served, int_like.dtype, bool_like.dtype);
+        let action = empty_beside(&served, [out.rows as usize, 1], int_like.dtype);
         choose_and_step_kernel::launch(
-            &client,
-            CubeCount::Static((rows as u32).div_ceil(units).max(1), 1, 1),
-            CubeDim::new_1d(units),
+            &out.client,
+            out.count.clone(),
+            out.dim,
             log_p.into_tensor_arg(),
             uniform.into_tensor_arg(),
             demands.into_tensor_arg(),
             capacity.into_tensor_arg(),
             used.into_tensor_arg(),
             served.into_tensor_arg(),
-            action_out.clone().into_tensor_arg(),
-            used_out.clone().into_tensor_arg(),
-            served_out.clone().into_tensor_arg(),
-            mask_out.clone().into_tensor_arg(),
+            action.clone().into_tensor_arg(),
+            out.used.clone().into_tensor_arg(),
+            out.served.clone().into_tensor_arg(),
+            out.mask.clone().into_tensor_arg(),
             tolerance,
-            rows as u32,
-            nodes as u32,
+            out.rows,
+            out.nodes,
             u32::from(sample),
-            [
-                dtype_to_storage_type(float),
-                dtype_to_storage_type(int),
-                dtype_to_storage_type(boolean),
-            ],
+            out.dtypes,
         );
-        (action_out, used_out, served_out, mask_out)
+        (action, out.used, out.served, out.mask)
     }
+}
+
+/// A step's outputs for the rows of `served` (`[R, N]`), on its device: the new load
+/// `[R, 1]`, served flags and mask `[R, N]`; and the launch: one unit per row.
+struct StepOutputs {
+    client: cubecl::client::Client,
+    used: CubeTensor,
+    served: CubeTensor,
+    mask: CubeTensor,
+    count: CubeCount,
+    dim: CubeDim,
+    rows: u32,
+    nodes: u32,
+    /// The float, int and bool storage types, in the kernels' `#[define]` order.
+    dtypes: [ElemType; 3],
+}
+
+impl StepOutputs {
+    fn for_rows_of(served: &CubeTensor, int: DType, boolean: DType) -> Self {
+        let [rows, nodes] = served.meta.shape().dims::<2>();
+        let float = served.dtype;
+        let units = UNITS
+            .min(served.client.properties().hardware.max_units_per_cube)
+            .max(1);
+        Self {
+            client: served.client.clone(),
+            used: empty_beside(served, [rows, 1], float),
+            served: empty_beside(served, [rows, nodes], float),
+            mask: empty_beside(served, [rows, nodes], boolean),
+            count: CubeCount::Static((rows as u32).div_ceil(units).max(1), 1, 1),
+            dim: CubeDim::new_1d(units),
+            rows: rows as u32,
+            nodes: nodes as u32,
+            dtypes: [float, int, boolean].map(dtype_to_storage_type),
+        }
+    }
+}
+
+/// A new contiguous tensor on `tensor`'s device.
+fn empty_beside(tensor: &CubeTensor, shape: [usize; 2], dtype: DType) -> CubeTensor {
+    let (client, device) = (tensor.client.clone(), tensor.device.clone());
+    empty_device_contiguous_dtype(client, device, Shape::new(shape), dtype)
 }
 
 /// Every tensor contiguous, row-major: row `r` of an `[R, N]` tensor starts at `r · N`.
