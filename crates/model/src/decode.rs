@@ -160,34 +160,35 @@ pub(crate) fn rollout(
             every: options.check_every.max(1),
         },
     };
+    // Outside autodiff, as the choice: it carries no gradient, and on an autodiff device
+    // each operation of the CDF would be recorded.
+    let noise = match options.selection {
+        Selection::Greedy => None,
+        Selection::Sample { .. } => Some(
+            problem
+                .noise
+                .clone()
+                .expect("a sampled decode needs DeviceBatch noise")
+                .without_autodiff(),
+        ), // [R, T]
+    };
     for step in first_step..max_steps {
         if checks.due(step) && state.finished().all().into_scalar::<bool>() {
             break;
         }
         let log_p = next_log_probs(&state); // [R, N]
-        let uniform = match options.selection {
-            Selection::Greedy => None,
-            Selection::Sample { .. } => {
-                let noise = problem
-                    .noise
-                    .as_ref()
-                    .expect("a sampled decode needs DeviceBatch noise");
-                // Outside autodiff, as the choice: it carries no gradient, and on an
-                // autodiff device each operation of the CDF would be recorded.
-                let column = noise.clone().slice_dim(1, step..step + 1); // [R, 1]
-                Some(column.without_autodiff())
-            }
-        };
-        // On CubeCL devices the state's kernel chooses and steps at once.
+                                            // On CubeCL devices the state's kernel chooses and steps at once, reading the
+                                            // step's column of the noise itself.
         let chosen = match follow {
             Some(_) => None,
-            None => state.choose_and_step(log_p.clone(), uniform.clone()),
+            None => state.choose_and_step(log_p.clone(), noise.clone().map(|t| (t, step))),
         };
-        let action = match (chosen, follow, uniform) {
+        let action = match (chosen, follow, &noise) {
             (Some(action), _, _) => action,
             (None, Some(tours), _) => step_to(&mut state, tour_column(tours, step, rows)),
             (None, None, None) => step_to(&mut state, log_p.clone().argmax(1)),
-            (None, None, Some(uniform)) => {
+            (None, None, Some(noise)) => {
+                let uniform = noise.clone().slice_dim(1, step..step + 1); // [R, 1]
                 let log_p = log_p.clone().without_autodiff();
                 step_to(&mut state, sample_inverse_cdf(log_p, uniform, stable))
             }
@@ -332,10 +333,11 @@ impl Record {
             Record::Lists { actions, .. } => actions.push(action),
             Record::InPlace(record) => {
                 let rows = action.dims()[0];
-                let actions = &mut record.0;
-                *actions = actions
-                    .clone()
-                    .slice_assign([0..rows, step..step + 1], action);
+                // Moved out, not cloned: with a second handle on its buffer the slice
+                // assignment copies the whole record first (one more launch a step).
+                let placeholder = Tensor::empty([0, 0], &action.device());
+                let actions = std::mem::replace(&mut record.0, placeholder);
+                record.0 = actions.slice_assign([0..rows, step..step + 1], action);
             }
         }
     }
@@ -485,21 +487,27 @@ mod tests {
                 let logits =
                     Tensor::<2>::random([rows, n], Distribution::Normal(0.0, 2.0), &device);
                 let log_p = log_softmax(logits.mask_fill(mask, f32::NEG_INFINITY), 1);
-                let uniform = sample.then(|| {
-                    Tensor::<2>::random([rows, 1], Distribution::Uniform(0.0, 1.0), &device)
+                // The whole decode's noise, of which the kernel reads column `step`.
+                let noise = sample.then(|| {
+                    Tensor::<2>::random([rows, 2 * n], Distribution::Uniform(0.0, 1.0), &device)
                 });
-                let expected = match &uniform {
-                    Some(u) => sample_inverse_cdf(log_p.clone(), u.clone(), true),
+                let expected = match &noise {
+                    Some(u) => {
+                        let uniform = u.clone().slice_dim(1, step..step + 1);
+                        sample_inverse_cdf(log_p.clone(), uniform, true)
+                    }
                     None => log_p.clone().argmax(1),
                 };
                 let chosen = kernel
-                    .choose_and_step(log_p, uniform)
+                    .choose_and_step(log_p, noise.map(|u| (u, step)))
                     .expect("CubeCL devices choose in the state kernel");
                 let expected = read(expected);
                 assert_eq!(read(chosen), expected, "sample {sample}, step {step}");
                 let expected =
                     Tensor::<2, Int>::from_data(TensorData::new(expected, [rows, 1]), &device);
                 reference.step(expected);
+                let remaining = |s: &CvrpState| s.remaining_capacity_fraction().into_data();
+                assert_eq!(remaining(&kernel), remaining(&reference), "step {step}");
                 assert_eq!(read_mask(kernel.mask()), read_mask(reference.mask()));
             }
         }

@@ -93,17 +93,18 @@ impl<P: Policy + Clone> RecordedDecode<P> {
         let device = self.inputs.device();
         let dispatch = device.as_dispatch();
         let written = write_in_place(&self.inputs, DeviceBatch::instance_values(batch))?;
-        // The write runs before the replay, and `written` (the same buffer) is kept until
-        // it has: fusion drops work whose outputs are dropped before it runs.
-        Dispatch::sync(dispatch).map_err(|e| reason("writing the batch", e))?;
-        drop(written);
+        // No host wait between the write and the replay: the replay first drains the
+        // queued operations (the write among them) onto the stream it launches on, so the
+        // write runs before it. `written` (the same buffer) is kept until then: fusion
+        // drops queued work whose outputs are dropped before it runs.
         // SAFETY: every buffer the recorded decode read or wrote is alive while `self` is:
         // the model's parameters (held by the copy in `_policy`), the inputs (`inputs`), the
         // outputs (`output`), and the intermediates (the views among them), which
         // `graph_prepare` pinned in the persistent pool. The write above and the caller's
         // read of the actions are on the same stream, ordered around the replay.
-        unsafe { Dispatch::graph_replay(dispatch, &self.graph) }
-            .map_err(|e| reason("replaying the graph", e))?;
+        let replayed = unsafe { Dispatch::graph_replay(dispatch, &self.graph) };
+        drop(written);
+        replayed.map_err(|e| reason("replaying the graph", e))?;
         Ok(self.output.actions.clone())
     }
 }

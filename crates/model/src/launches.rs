@@ -47,7 +47,7 @@ impl Issued {
 }
 
 /// Every kernel launched while watching, by name (CubeCL's name for the kernel type,
-/// shortened to its last path segment).
+/// shortened to its last path segment, with its first type parameter's).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ByKernel(pub HashMap<String, Issued>);
 
@@ -60,6 +60,16 @@ impl ByKernel {
             if now.launches > before.launches {
                 out.insert(name.clone(), now.since(before));
             }
+        }
+        Self(out)
+    }
+
+    /// Both tallies together, kernel by kernel.
+    pub fn plus(&self, other: &Self) -> Self {
+        let mut out = self.0.clone();
+        for (name, issued) in &other.0 {
+            let sum = out.get(name).copied().unwrap_or_default() + *issued;
+            out.insert(name.clone(), sum);
         }
         Self(out)
     }
@@ -208,8 +218,10 @@ mod observe {
             .filter(|((label, _), _)| wanted(*label));
         for ((_, name), tally) in labelled {
             // Generic instances of one kernel type share a short name: summed.
-            // CubeCL separates a kernel's type parameters with `|`: not in a table cell.
-            let short = type_name_format(name, TypeNameFormatLevel::Balanced).replace(" | ", "/");
+            // CubeCL separates a kernel's type parameters with `|`: not in a table cell. The
+            // kernel and its first parameter name it; a matmul's twelve more do not.
+            let balanced = type_name_format(name, TypeNameFormatLevel::Balanced);
+            let short = balanced.split(" | ").take(2).collect::<Vec<_>>().join("/");
             let entry = out.entry(short).or_default();
             *entry = *entry + *tally;
         }

@@ -83,8 +83,40 @@ enum Visited {
 
 #[derive(Debug, Clone)]
 struct StepKernelState {
-    next_mask: Option<Tensor<2, Bool>>,
+    /// What the kernel made at the last step (none before the first).
+    last: Option<KernelStep>,
     bool_like: Tensor<2, Bool>,
+}
+
+/// One step of the state kernel: the `[R, 1]` node moved to, the new load, served flags,
+/// next mask and remaining capacity fraction.
+#[derive(Debug, Clone)]
+struct KernelStep {
+    action: Tensor<2, Int>,
+    used: Tensor<2>,
+    served: Tensor<2>,
+    mask: Tensor<2, Bool>,
+    remaining: Tensor<2>,
+}
+
+/// Where the state kernel moves each row.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "made once a step and moved straight into the kernel's call"
+)]
+#[cfg_attr(
+    not(any(feature = "cuda", feature = "cpu")),
+    allow(dead_code, reason = "read only where a CubeCL backend is compiled in")
+)]
+enum KernelMove {
+    /// To the given `[R, 1]` nodes.
+    To(Tensor<2, Int>),
+    /// To the most likely node of `log_p` (`[R, N]`), or with `noise` (`[R, T]`) and a
+    /// column, to the inverse of its CDF at that column's uniform.
+    Choose {
+        log_p: Tensor<2>,
+        noise: Option<(Tensor<2>, usize)>,
+    },
 }
 
 impl CvrpState {
@@ -136,7 +168,7 @@ impl CvrpState {
                         .clamp_max(1)
                         .float(),
                     kernel: crate::backend::runs_through_cubecl(&device).then(|| StepKernelState {
-                        next_mask: None,
+                        last: None,
                         bool_like: Tensor::<1, Int>::arange(0..n as i64, &device)
                             .reshape([1, n])
                             .greater_elem(0),
@@ -156,6 +188,9 @@ impl CvrpState {
     /// `[B, 1]` remaining capacity as a fraction of the vehicle capacity (the decoder's
     /// context feature).
     pub fn remaining_capacity_fraction(&self) -> Tensor<2> {
+        if let Some(last) = self.kernel_step() {
+            return last.remaining.clone();
+        }
         (self.capacity.clone() - self.used_capacity.clone()) / self.capacity.clone()
     }
 
@@ -167,15 +202,10 @@ impl CvrpState {
     /// `[B, N]` true where a node may not be chosen next: one operation on flex, operations
     /// CubeCL fuses on CubeCL devices, Burn's tensor operations elsewhere.
     pub fn mask(&self) -> Tensor<2, Bool> {
+        if let Some(last) = self.kernel_step() {
+            return last.mask.clone();
+        }
         let visited = match &self.visited {
-            Visited::Ones {
-                kernel:
-                    Some(StepKernelState {
-                        next_mask: Some(mask),
-                        ..
-                    }),
-                ..
-            } => return mask.clone(),
             Visited::Ones { .. } => return self.mask_fusable(),
             Visited::Flags(visited) => visited,
         };
@@ -239,15 +269,33 @@ impl CvrpState {
         Tensor::cat(vec![depot_mask, customer_mask], 1)
     }
 
+    /// What the state kernel made at the last step, if it has stepped.
+    fn kernel_step(&self) -> Option<&KernelStep> {
+        match &self.visited {
+            Visited::Ones {
+                kernel: Some(StepKernelState { last, .. }),
+                ..
+            } => last.as_ref(),
+            _ => None,
+        }
+    }
+
     /// On CubeCL devices, chooses each row's next node from `log_p` (`[R, N]`) and moves
-    /// there in one kernel: the most likely node, or with `uniform` (`[R, 1]`) the
-    /// inverse of the CDF there, as the decode's op-by-op choice makes them. The `[R, 1]`
-    /// choice; `None` (and nothing done) on other devices, where the caller chooses.
+    /// there in one kernel: the most likely node, or with `noise` (`[R, T]`) the inverse
+    /// of the CDF at the uniform in the given column, as the decode's op-by-op choice
+    /// makes them. The `[R, 1]` choice; `None` (and nothing done) on other devices, where
+    /// the caller chooses.
     pub(crate) fn choose_and_step(
         &mut self,
         log_p: Tensor<2>,
-        uniform: Option<Tensor<2>>,
+        noise: Option<(Tensor<2>, usize)>,
     ) -> Option<Tensor<2, Int>> {
+        self.move_by_kernel(KernelMove::Choose { log_p, noise })
+    }
+
+    /// Runs the state kernel's step where the state has one (CubeCL devices): the `[R, 1]`
+    /// nodes moved to; `None` (and nothing done) elsewhere.
+    fn move_by_kernel(&mut self, how: KernelMove) -> Option<Tensor<2, Int>> {
         let Visited::Ones {
             served,
             is_customer,
@@ -256,103 +304,90 @@ impl CvrpState {
         else {
             return None;
         };
-        let (action, used, served, mask) =
-            self.kernel_choice(log_p, uniform, served, &kernel.bool_like);
+        let step = self.run_state_kernel(how, served, &kernel.bool_like);
+        self.used_capacity = step.used.clone();
+        self.last_node = step.action.clone();
         self.visited = Visited::Ones {
-            served,
+            served: step.served.clone(),
             is_customer: is_customer.clone(),
             kernel: Some(StepKernelState {
-                next_mask: Some(mask),
                 bool_like: kernel.bool_like.clone(),
+                last: Some(step),
             }),
         };
-        self.used_capacity = used;
-        self.last_node = action.clone();
-        Some(action)
+        self.kernel_step().map(|step| step.action.clone())
     }
 
     #[cfg(any(feature = "cuda", feature = "cpu"))]
-    #[allow(clippy::type_complexity)]
-    fn kernel_choice(
+    fn run_state_kernel(
         &self,
-        log_p: Tensor<2>,
-        uniform: Option<Tensor<2>>,
+        how: KernelMove,
         served: &Tensor<2>,
         bool_like: &Tensor<2, Bool>,
-    ) -> (Tensor<2, Int>, Tensor<2>, Tensor<2>, Tensor<2, Bool>) {
+    ) -> KernelStep {
         use crate::state_kernel::StateStepBackend;
         use burn::backend::Dispatch;
-        let sample = uniform.is_some();
-        // Greedy reads no uniform: any float tensor stands in.
-        let uniform = uniform.unwrap_or_else(|| self.used_capacity.clone());
-        let (action, used, served, mask) = <Dispatch as StateStepBackend>::choose_and_step(
-            log_p.without_autodiff().into_dispatch(),
-            uniform.without_autodiff().into_dispatch(),
+        let (demands, capacity, used, served, bool_like) = (
             self.demands.clone().into_dispatch(),
             self.capacity.clone().into_dispatch(),
             self.used_capacity.clone().into_dispatch(),
             served.clone().into_dispatch(),
-            self.last_node.clone().into_dispatch(),
             bool_like.clone().into_dispatch(),
-            self.tolerance,
-            sample,
         );
-        let action = Tensor::from_dispatch(action);
-        let served = Tensor::from_dispatch(served);
-        (
+        let (action, outputs) = match how {
+            KernelMove::To(action) => {
+                let outputs = <Dispatch as StateStepBackend>::state_step(
+                    action.clone().into_dispatch(),
+                    demands,
+                    capacity,
+                    used,
+                    served,
+                    bool_like,
+                    self.tolerance,
+                );
+                (action, outputs)
+            }
+            KernelMove::Choose { log_p, noise } => {
+                let sample = noise.is_some();
+                // Greedy reads no noise: any float tensor stands in.
+                let (noise, column) = noise.unwrap_or_else(|| (self.used_capacity.clone(), 0));
+                let (action, used, served, mask, remaining) =
+                    <Dispatch as StateStepBackend>::choose_and_step(
+                        log_p.without_autodiff().into_dispatch(),
+                        noise.without_autodiff().into_dispatch(),
+                        demands,
+                        capacity,
+                        used,
+                        served,
+                        self.last_node.clone().into_dispatch(),
+                        bool_like,
+                        self.tolerance,
+                        sample,
+                        column as u32,
+                    );
+                (
+                    Tensor::from_dispatch(action),
+                    (used, served, mask, remaining),
+                )
+            }
+        };
+        let (used, served, mask, remaining) = outputs;
+        KernelStep {
             action,
-            Tensor::from_dispatch(used),
-            served,
-            Tensor::from_dispatch(mask),
-        )
+            used: Tensor::from_dispatch(used),
+            served: Tensor::from_dispatch(served),
+            mask: Tensor::from_dispatch(mask),
+            remaining: Tensor::from_dispatch(remaining),
+        }
     }
 
     #[cfg(not(any(feature = "cuda", feature = "cpu")))]
-    #[allow(clippy::type_complexity)]
-    fn kernel_choice(
+    fn run_state_kernel(
         &self,
-        _log_p: Tensor<2>,
-        _uniform: Option<Tensor<2>>,
+        _how: KernelMove,
         _served: &Tensor<2>,
         _bool_like: &Tensor<2, Bool>,
-    ) -> (Tensor<2, Int>, Tensor<2>, Tensor<2>, Tensor<2, Bool>) {
-        unreachable!("the state kernel is made only on CubeCL devices")
-    }
-
-    /// The state kernel's step from `served`: the new load, served flags and mask.
-    #[cfg(any(feature = "cuda", feature = "cpu"))]
-    fn kernel_step(
-        &self,
-        action: &Tensor<2, Int>,
-        served: &Tensor<2>,
-        bool_like: &Tensor<2, Bool>,
-    ) -> (Tensor<2>, Tensor<2>, Tensor<2, Bool>) {
-        use crate::state_kernel::StateStepBackend;
-        use burn::backend::Dispatch;
-        let (used, served, mask) = <Dispatch as StateStepBackend>::state_step(
-            action.clone().into_dispatch(),
-            self.demands.clone().into_dispatch(),
-            self.capacity.clone().into_dispatch(),
-            self.used_capacity.clone().into_dispatch(),
-            served.clone().into_dispatch(),
-            bool_like.clone().into_dispatch(),
-            self.tolerance,
-        );
-        let served = Tensor::from_dispatch(served);
-        (
-            Tensor::from_dispatch(used),
-            served,
-            Tensor::from_dispatch(mask),
-        )
-    }
-
-    #[cfg(not(any(feature = "cuda", feature = "cpu")))]
-    fn kernel_step(
-        &self,
-        _action: &Tensor<2, Int>,
-        _served: &Tensor<2>,
-        _bool_like: &Tensor<2, Bool>,
-    ) -> (Tensor<2>, Tensor<2>, Tensor<2, Bool>) {
+    ) -> KernelStep {
         unreachable!("the state kernel is made only on CubeCL devices")
     }
 
@@ -370,17 +405,15 @@ impl CvrpState {
     pub fn step(&mut self, action: Tensor<2, Int>) {
         let [b, n] = self.demands.dims();
         let action = action.without_autodiff();
-        if !matches!(
-            self.visited,
-            Visited::Ones {
-                kernel: Some(_),
-                ..
-            }
-        ) {
-            let to_depot = action.clone().equal_elem(0); // [B, 1]
-            let demand = self.demands.clone().gather(1, action.clone()); // [B, 1]
-            self.used_capacity = (self.used_capacity.clone() + demand).mask_fill(to_depot, 0.0);
+        if self
+            .move_by_kernel(KernelMove::To(action.clone()))
+            .is_some()
+        {
+            return;
         }
+        let to_depot = action.clone().equal_elem(0); // [B, 1]
+        let demand = self.demands.clone().gather(1, action.clone()); // [B, 1]
+        self.used_capacity = (self.used_capacity.clone() + demand).mask_fill(to_depot, 0.0);
         // Not `one_hot`: Burn 0.22.1 checks its indices with a device read (`into_scalar`),
         // a host sync at every step, which a CUDA graph cannot record (error 907).
         self.visited = match &self.visited {
@@ -395,23 +428,7 @@ impl CvrpState {
             Visited::Ones {
                 served,
                 is_customer,
-                kernel: Some(kernel),
-            } => {
-                let (used, served, mask) = self.kernel_step(&action, served, &kernel.bool_like);
-                self.used_capacity = used;
-                Visited::Ones {
-                    served,
-                    is_customer: is_customer.clone(),
-                    kernel: Some(StepKernelState {
-                        next_mask: Some(mask),
-                        bool_like: kernel.bool_like.clone(),
-                    }),
-                }
-            }
-            Visited::Ones {
-                served,
-                is_customer,
-                kernel: None,
+                ..
             } => Visited::Ones {
                 // Broadcast, not expanded: an expand ends a fused chain.
                 served: served

@@ -33,8 +33,9 @@ const UNITS: u32 = 64;
 #[backend_extension(Cube, Fusion)]
 pub trait StateStepBackend: burn::backend::Backend {
     /// Moves each row's vehicle to `action` (`[R, 1]`) and returns the new load `[R, 1]`,
-    /// the new served flags `[R, N]` (0/1, the depot's column included) and the next
-    /// mask `[R, N]` (true = closed), whose bool type is `bool_like`'s.
+    /// the new served flags `[R, N]` (0/1, the depot's column included), the next mask
+    /// `[R, N]` (true = closed), whose bool type is `bool_like`'s, and the remaining
+    /// capacity as a fraction of the capacity, `[R, 1]`.
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     #[fusion(meta = step_metadata)]
     fn state_step(
@@ -45,17 +46,24 @@ pub trait StateStepBackend: burn::backend::Backend {
         served: FloatTensor<Self>,
         bool_like: BoolTensor<Self>,
         tolerance: f32,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, BoolTensor<Self>);
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        BoolTensor<Self>,
+        FloatTensor<Self>,
+    );
 
     /// Chooses each row's next node from `log_p` (`[R, N]`): the most likely, or with
-    /// `sample` the inverse of the CDF at `uniform` (`[R, 1]`; read only with `sample`),
-    /// then [`StateStepBackend::state_step`] to it. Returns the `[R, 1]` choice, of
-    /// `int_like`'s int type, with the step's outputs.
+    /// `sample` the inverse of the CDF at the uniform in column `column` of `noise`
+    /// (`[R, T]`; read only with `sample`), then [`StateStepBackend::state_step`] to it.
+    /// Returns the `[R, 1]` choice, of `int_like`'s int type, with the step's outputs.
+    /// The column is a scalar, not a slice: a column's offset is not aligned for a view,
+    /// so slicing it would copy it, a launch a step.
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     #[fusion(meta = choice_metadata)]
     fn choose_and_step(
         log_p: FloatTensor<Self>,
-        uniform: FloatTensor<Self>,
+        noise: FloatTensor<Self>,
         demands: FloatTensor<Self>,
         capacity: FloatTensor<Self>,
         used: FloatTensor<Self>,
@@ -64,11 +72,13 @@ pub trait StateStepBackend: burn::backend::Backend {
         bool_like: BoolTensor<Self>,
         tolerance: f32,
         sample: bool,
+        column: u32,
     ) -> (
         IntTensor<Self>,
         FloatTensor<Self>,
         FloatTensor<Self>,
         BoolTensor<Self>,
+        FloatTensor<Self>,
     );
 }
 
@@ -85,19 +95,21 @@ fn step_metadata(
     burn::backend::fusion::custom::TensorSpec,
     burn::backend::fusion::custom::TensorSpec,
     burn::backend::fusion::custom::TensorSpec,
+    burn::backend::fusion::custom::TensorSpec,
 ) {
     use burn::backend::fusion::custom::TensorSpec;
     (
         TensorSpec::new(used.shape.clone(), used.dtype),
         TensorSpec::new(served.shape.clone(), served.dtype),
         TensorSpec::new(served.shape.clone(), bool_like.dtype),
+        TensorSpec::new(used.shape.clone(), used.dtype),
     )
 }
 
 #[allow(clippy::too_many_arguments)]
 fn choice_metadata(
     _log_p: &burn::backend::fusion::custom::TensorSpec,
-    _uniform: &burn::backend::fusion::custom::TensorSpec,
+    _noise: &burn::backend::fusion::custom::TensorSpec,
     _demands: &burn::backend::fusion::custom::TensorSpec,
     _capacity: &burn::backend::fusion::custom::TensorSpec,
     used: &burn::backend::fusion::custom::TensorSpec,
@@ -106,7 +118,9 @@ fn choice_metadata(
     bool_like: &burn::backend::fusion::custom::TensorSpec,
     _tolerance: &f32,
     _sample: &bool,
+    _column: &u32,
 ) -> (
+    burn::backend::fusion::custom::TensorSpec,
     burn::backend::fusion::custom::TensorSpec,
     burn::backend::fusion::custom::TensorSpec,
     burn::backend::fusion::custom::TensorSpec,
@@ -118,6 +132,7 @@ fn choice_metadata(
         TensorSpec::new(used.shape.clone(), used.dtype),
         TensorSpec::new(served.shape.clone(), served.dtype),
         TensorSpec::new(served.shape.clone(), bool_like.dtype),
+        TensorSpec::new(used.shape.clone(), used.dtype),
     )
 }
 
@@ -130,7 +145,12 @@ impl StateStepBackend for CubeBackend {
         served: FloatTensor<Self>,
         bool_like: BoolTensor<Self>,
         tolerance: f32,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, BoolTensor<Self>) {
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        BoolTensor<Self>,
+        FloatTensor<Self>,
+    ) {
         let [action, demands, capacity, used, served] =
             [action, demands, capacity, used, served].map(into_contiguous);
         let out = StepOutputs::for_rows_of(&served, action.dtype, bool_like.dtype);
@@ -146,17 +166,18 @@ impl StateStepBackend for CubeBackend {
             out.used.clone().into_tensor_arg(),
             out.served.clone().into_tensor_arg(),
             out.mask.clone().into_tensor_arg(),
+            out.remaining.clone().into_tensor_arg(),
             tolerance,
             out.rows,
             out.nodes,
             out.dtypes,
         );
-        (out.used, out.served, out.mask)
+        (out.used, out.served, out.mask, out.remaining)
     }
 
     fn choose_and_step(
         log_p: FloatTensor<Self>,
-        uniform: FloatTensor<Self>,
+        noise: FloatTensor<Self>,
         demands: FloatTensor<Self>,
         capacity: FloatTensor<Self>,
         used: FloatTensor<Self>,
@@ -165,14 +186,17 @@ impl StateStepBackend for CubeBackend {
         bool_like: BoolTensor<Self>,
         tolerance: f32,
         sample: bool,
+        column: u32,
     ) -> (
         IntTensor<Self>,
         FloatTensor<Self>,
         FloatTensor<Self>,
         BoolTensor<Self>,
+        FloatTensor<Self>,
     ) {
-        let [log_p, uniform, demands, capacity, used, served] =
-            [log_p, uniform, demands, capacity, used, served].map(into_contiguous);
+        let [log_p, noise, demands, capacity, used, served] =
+            [log_p, noise, demands, capacity, used, served].map(into_contiguous);
+        let noise_width = noise.meta.shape()[1] as u32;
         let out = StepOutputs::for_rows_of(&served, int_like.dtype, bool_like.dtype);
         let action = empty_beside(&served, [out.rows as usize, 1], int_like.dtype);
         choose_and_step_kernel::launch(
@@ -180,7 +204,7 @@ impl StateStepBackend for CubeBackend {
             out.count.clone(),
             out.dim,
             log_p.into_tensor_arg(),
-            uniform.into_tensor_arg(),
+            noise.into_tensor_arg(),
             demands.into_tensor_arg(),
             capacity.into_tensor_arg(),
             used.into_tensor_arg(),
@@ -189,23 +213,28 @@ impl StateStepBackend for CubeBackend {
             out.used.clone().into_tensor_arg(),
             out.served.clone().into_tensor_arg(),
             out.mask.clone().into_tensor_arg(),
+            out.remaining.clone().into_tensor_arg(),
             tolerance,
             out.rows,
             out.nodes,
             u32::from(sample),
+            noise_width,
+            column,
             out.dtypes,
         );
-        (action, out.used, out.served, out.mask)
+        (action, out.used, out.served, out.mask, out.remaining)
     }
 }
 
 /// A step's outputs for the rows of `served` (`[R, N]`), on its device: the new load
-/// `[R, 1]`, served flags and mask `[R, N]`; and the launch: one unit per row.
+/// `[R, 1]`, served flags and mask `[R, N]`, the remaining capacity fraction `[R, 1]`; and
+/// the launch: one unit per row.
 struct StepOutputs {
     client: cubecl::client::Client,
     used: CubeTensor,
     served: CubeTensor,
     mask: CubeTensor,
+    remaining: CubeTensor,
     count: CubeCount,
     dim: CubeDim,
     rows: u32,
@@ -226,6 +255,7 @@ impl StepOutputs {
             used: empty_beside(served, [rows, 1], float),
             served: empty_beside(served, [rows, nodes], float),
             mask: empty_beside(served, [rows, nodes], boolean),
+            remaining: empty_beside(served, [rows, 1], float),
             count: CubeCount::Static((rows as u32).div_ceil(units).max(1), 1, 1),
             dim: CubeDim::new_1d(units),
             rows: rows as u32,
@@ -253,6 +283,7 @@ fn state_step_kernel<F: Float, I: Int, M: Int>(
     used_out: &mut Tensor<F>,
     served_out: &mut Tensor<F>,
     mask_out: &mut Tensor<M>,
+    remaining_out: &mut Tensor<F>,
     tolerance: f32,
     row_count: u32,
     node_count: u32,
@@ -272,6 +303,7 @@ fn state_step_kernel<F: Float, I: Int, M: Int>(
             used_out,
             served_out,
             mask_out,
+            remaining_out,
             tolerance,
         );
     }
@@ -279,12 +311,13 @@ fn state_step_kernel<F: Float, I: Int, M: Int>(
 
 /// The choice, as the op-by-op forms make it: the first of the largest log-probabilities
 /// (Burn's `argmax`), or the number of nodes whose running sum of probabilities, summed in
-/// node order, is below `uniform · total` (at most the last node).
+/// node order, is below `uniform · total` (at most the last node), the uniform at
+/// `noise[row · noise_width + column]`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn choose_and_step_kernel<F: Float, I: Int, M: Int>(
     log_p: &Tensor<F>,
-    uniform: &Tensor<F>,
+    noise: &Tensor<F>,
     demands: &Tensor<F>,
     capacity: &Tensor<F>,
     used: &Tensor<F>,
@@ -293,10 +326,13 @@ fn choose_and_step_kernel<F: Float, I: Int, M: Int>(
     used_out: &mut Tensor<F>,
     served_out: &mut Tensor<F>,
     mask_out: &mut Tensor<M>,
+    remaining_out: &mut Tensor<F>,
     tolerance: f32,
     row_count: u32,
     node_count: u32,
     sample: u32,
+    noise_width: u32,
+    column: u32,
     #[define(F, I, M)] _dtypes: [ElemType; 3],
 ) {
     let row = (CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X) as usize;
@@ -309,7 +345,7 @@ fn choose_and_step_kernel<F: Float, I: Int, M: Int>(
             for node in 0..nodes {
                 total += F::exp(log_p[first + node]);
             }
-            let threshold = uniform[row] * total;
+            let threshold = noise[row * noise_width as usize + column as usize] * total;
             let mut cdf = F::new(0.0);
             let mut below = 0usize;
             for node in 0..nodes {
@@ -333,13 +369,25 @@ fn choose_and_step_kernel<F: Float, I: Int, M: Int>(
         }
         action_out[row] = I::cast_from(to);
         step_row(
-            to, row, nodes, demands, capacity, used, served, used_out, served_out, mask_out,
+            to,
+            row,
+            nodes,
+            demands,
+            capacity,
+            used,
+            served,
+            used_out,
+            served_out,
+            mask_out,
+            remaining_out,
             tolerance,
         );
     }
 }
 
-/// One row's step to node `to`: its new load and served flags, and the next mask.
+/// One row's step to node `to`: its new load, served flags and remaining capacity
+/// fraction (`(capacity − load) / capacity`, as `CvrpState::remaining_capacity_fraction`),
+/// and the next mask.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn step_row<F: Float, M: Int>(
@@ -353,6 +401,7 @@ fn step_row<F: Float, M: Int>(
     used_out: &mut Tensor<F>,
     served_out: &mut Tensor<F>,
     mask_out: &mut Tensor<M>,
+    remaining_out: &mut Tensor<F>,
     tolerance: f32,
 ) {
     let first = row * nodes;
@@ -362,6 +411,7 @@ fn step_row<F: Float, M: Int>(
         load = F::new(0.0);
     }
     used_out[row] = load;
+    remaining_out[row] = (capacity[row] - load) / capacity[row];
     let limit = capacity[row] + F::cast_from(tolerance);
     let mut open = 0u32;
     for node in 0..nodes {

@@ -196,14 +196,14 @@ pub fn run(args: CompareArgs) -> Result<ExitCode, TrainError> {
 
 const COUNTS_DIR: &str = "compile-counts";
 
-/// What CubeCL explored and tuned in step 1, step 2 and steps 3..K, and the kernels the
-/// training steps' phases launched in steps 3..K.
+/// What CubeCL explored and tuned in step 1, step 2 and steps 3..K, and the kernels each
+/// of the training steps' phases launched in steps 3..K.
 #[derive(Debug, Clone)]
 struct StepCompiles {
     first: CompileCounts,
     second: CompileCounts,
     later: CompileCounts,
-    later_kernels: ByKernel,
+    later_kernels: Vec<(Phase, ByKernel)>,
 }
 
 /// The config as K epochs of one batch: each step's loss and cost become a metrics row.
@@ -385,19 +385,29 @@ fn train_counting(
             first: at(1).0.since(at(0).0),
             second: at(2).0.since(at(1).0),
             later: at(last).0.since(at(2.min(last)).0),
-            later_kernels: at(last).1.since(&at(2.min(last)).1),
+            later_kernels: kernels_since(&at(last).1, &at(2.min(last)).1),
         }),
     ))
 }
 
-/// The compile counters so far, and the kernels launched so far in a training step's
-/// phases (not in validation or the end-of-epoch baseline test).
-fn counts_after_step(counts_dir: &Path) -> (CompileCounts, ByKernel) {
-    let step_phases = |label: u8| Phase::step_phases().any(|p| p.launch_label() == label);
-    (
-        CompileCounts::read(counts_dir),
-        launches::by_kernel(step_phases),
-    )
+/// The compile counters so far, and the kernels launched so far in each of a training
+/// step's phases (not in validation or the end-of-epoch baseline test).
+fn counts_after_step(counts_dir: &Path) -> (CompileCounts, Vec<(Phase, ByKernel)>) {
+    let by_phase = Phase::step_phases()
+        .map(|p| (p, launches::by_kernel(|label| label == p.launch_label())))
+        .collect();
+    (CompileCounts::read(counts_dir), by_phase)
+}
+
+/// Each phase's kernels launched between `earlier` and `now`.
+fn kernels_since(
+    now: &[(Phase, ByKernel)],
+    earlier: &[(Phase, ByKernel)],
+) -> Vec<(Phase, ByKernel)> {
+    let before = |p: Phase| earlier.iter().find(|(q, _)| *q == p).map(|(_, k)| k);
+    now.iter()
+        .map(|(p, k)| (*p, k.since(before(*p).unwrap_or(&ByKernel::default()))))
+        .collect()
 }
 
 /// The compile counters of each CubeCL backend, and whether every one explored and tuned
@@ -489,26 +499,46 @@ fn launch_table(reports: &[BackendReport], timed: bool) -> String {
         let cells: Vec<String> = phases.iter().map(|&p| cell(summed(p))).collect();
         let total = phases.iter().fold(Issued::default(), |a, &p| a + summed(p));
         let _ = writeln!(s, "| {} | {} |", cells.join(" | "), cell(total));
+        s.push_str(&most_launched_table(&compiles.later_kernels, k, timed));
+    }
+    s
+}
+
+/// The kernels launched most per step (of `steps`), with the phases that launched them: a
+/// column for each phase that launched any, then the total (and its device milliseconds
+/// when timed).
+fn most_launched_table(by_phase: &[(Phase, ByKernel)], steps: f64, timed: bool) -> String {
+    let phases: Vec<&(Phase, ByKernel)> =
+        by_phase.iter().filter(|(_, k)| !k.0.is_empty()).collect();
+    let total = phases
+        .iter()
+        .fold(ByKernel::default(), |a, (_, k)| a.plus(k));
+    let names: Vec<&str> = phases.iter().map(|(p, _)| p.name()).collect();
+    let mut s = format!(
+        "\nmost launched, per step:\n\n| kernel | {} | all |{}\n|---|{}---|{}\n",
+        names.join(" | "),
+        if timed { " ms |" } else { "" },
+        "---|".repeat(phases.len()),
+        if timed { "---|" } else { "" }
+    );
+    for (name, tally) in total.most_launched().into_iter().take(12) {
+        let per_step = |launches: u64| format!("{:.1}", launches as f64 / steps);
+        let cells: Vec<String> = phases
+            .iter()
+            .map(|(_, k)| per_step(k.0.get(name).map_or(0, |i| i.launches)))
+            .collect();
+        let ms = 1e3 * tally.kernel_time.as_secs_f64() / steps;
         let _ = writeln!(
             s,
-            "
-most launched, per step:
-
-| kernel | launches |{}",
-            if timed { " ms |" } else { "" }
+            "| {name} | {} | {} |{}",
+            cells.join(" | "),
+            per_step(tally.launches),
+            if timed {
+                format!(" {ms:.3} |")
+            } else {
+                String::new()
+            }
         );
-        let _ = writeln!(s, "|---|---|{}", if timed { "---|" } else { "" });
-        for (name, tally) in compiles.later_kernels.most_launched().into_iter().take(12) {
-            let n = tally.launches as f64 / k;
-            let _ = match timed {
-                true => writeln!(
-                    s,
-                    "| {name} | {n:.1} | {:.3} |",
-                    1e3 * tally.kernel_time.as_secs_f64() / k
-                ),
-                false => writeln!(s, "| {name} | {n:.1} |"),
-            };
-        }
     }
     s
 }
@@ -728,7 +758,7 @@ mod tests {
             first: counts(40, 3),
             second: counts(5, 0),
             later,
-            later_kernels: ByKernel::default(),
+            later_kernels: vec![],
         };
         let mut once = report(Backend::Cpu, vec![], vec![]);
         once.compiles = Some(steps(counts(0, 0)));
@@ -773,10 +803,14 @@ mod tests {
             launches,
             kernel_time: Duration::from_millis(ms),
         };
-        let kernels = ByKernel(std::collections::HashMap::from([
-            ("FusedElemwise".to_string(), tally(300, 3)),
-            ("StepKernel".to_string(), tally(40, 8)),
-        ]));
+        let kernels = |pairs: &[(&str, Issued)]| {
+            ByKernel(pairs.iter().map(|(k, i)| (k.to_string(), *i)).collect())
+        };
+        let forward = kernels(&[
+            ("FusedElemwise", tally(200, 2)),
+            ("StepKernel", tally(40, 8)),
+        ]);
+        let backward = kernels(&[("FusedElemwise", tally(100, 1))]);
         let mut r = report(Backend::Cpu, vec![], vec![]);
         // Steps 1 and 2 compile and are left out: 3 and 4 average to 150 and 50.
         r.steps = vec![
@@ -789,14 +823,24 @@ mod tests {
             first: CompileCounts::default(),
             second: CompileCounts::default(),
             later: CompileCounts::default(),
-            later_kernels: kernels,
+            later_kernels: vec![
+                (Phase::Forward, forward),
+                (Phase::Baseline, ByKernel::default()),
+                (Phase::Backward, backward),
+            ],
         });
         let table = launch_table(std::slice::from_ref(&r), true);
         assert!(table.contains("| 0 (0.00 ms) | 0 (0.00 ms) | 150 (1.50 ms) | 0 (0.00 ms) | 0 (0.00 ms) | 50 (0.50 ms) | 0 (0.00 ms) | 200 (2.00 ms) |"), "{table}");
         let fused = table
-            .find("| FusedElemwise | 150.0 | 1.500 |")
+            .find("| FusedElemwise | 100.0 | 50.0 | 150.0 | 1.500 |")
             .expect(&table);
-        assert!(fused < table.find("| StepKernel | 20.0 | 4.000 |").expect(&table));
+        let step = table.find("| StepKernel | 20.0 | 0.0 | 20.0 | 4.000 |");
+        assert!(fused < step.expect(&table), "{table}");
+        // Phases that launched nothing get no column.
+        assert!(
+            table.contains("| kernel | forward | backward | all | ms |"),
+            "{table}"
+        );
         assert!(launch_table(&[report(Backend::Flex, vec![], vec![])], false).is_empty());
     }
 
