@@ -17,6 +17,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
+use crate::backend::trains_through_cubecl;
 use crate::decode::{rollout, DecodeOptions, DecodeOutput, Policy};
 use crate::decoder_step::{fused_on, fused_step, keys_by_feature, StepKernel};
 use crate::encoder::{per_node, GraphEncoder, GraphEncoderConfig};
@@ -42,6 +43,22 @@ pub struct AttentionModelConfig {
     /// everywhere (three TF32 products each on CUDA).
     #[config(default = "MatmulPrecision::High")]
     pub matmul_precision: MatmulPrecision,
+    /// How a decode with gradients runs on CubeCL devices.
+    #[config(default = "GradientDecode::SampleThenScore")]
+    pub gradient_decode: GradientDecode,
+}
+
+/// How a decode with gradients (a training decode) runs on CubeCL devices (CUDA, CubeCL's
+/// CPU runtime); flex and ndarray always decode step by step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GradientDecode {
+    /// The tours sampled with no gradient recorded, then scored in one differentiable
+    /// decoder step over every step's rows (where the fused step runs; else step by step).
+    #[default]
+    SampleThenScore,
+    /// Every step's operations recorded for the backward as the decode goes.
+    StepByStep,
 }
 
 impl AttentionModelConfig {
@@ -59,6 +76,7 @@ impl AttentionModelConfig {
             load_arithmetic: self.load_arithmetic,
             step_kernel: self.decoder_step,
             matmul_precision: self.matmul_precision,
+            gradient_decode: self.gradient_decode,
         }
     }
 }
@@ -86,6 +104,9 @@ pub struct AttentionModel {
     /// matmuls round ([`MatmulPrecision::on`]; not saved, as above).
     #[module(skip)]
     matmul_precision: MatmulPrecision,
+    /// How a decode with gradients runs on CubeCL devices (not saved, as above).
+    #[module(skip)]
+    gradient_decode: GradientDecode,
 }
 
 /// Everything the decoder reuses at every step, computed once per batch.
@@ -121,6 +142,24 @@ pub struct Precomputed {
     /// picks its last node's context row by `select`, a contiguous row copy, where a
     /// `gather` of `[B, S, d]` indices reads one index per float.
     row_offsets: Tensor<1, Int>,
+}
+
+impl Precomputed {
+    /// The same tensors outside autodiff: what a decode that records no gradient reads.
+    fn without_autodiff(&self) -> Self {
+        Self {
+            fixed_context: self.fixed_context.clone().without_autodiff(),
+            last_node_context: self.last_node_context.clone().without_autodiff(),
+            capacity_context: self.capacity_context.clone().without_autodiff(),
+            glimpse_keys: self.glimpse_keys.clone().without_autodiff(),
+            glimpse_values: self.glimpse_values.clone().without_autodiff(),
+            logit_keys: self.logit_keys.clone().without_autodiff(),
+            by_feature: self.by_feature.clone().map(|t| t.without_autodiff()),
+            starts: self.starts,
+            precision: self.precision,
+            row_offsets: self.row_offsets.clone().without_autodiff(),
+        }
+    }
 }
 
 impl AttentionModel {
@@ -168,9 +207,120 @@ impl AttentionModel {
         let node_embeddings = self.encoder.forward(coords, demand_fraction, precision); // [B, N, d]
         let pre = self.precompute_at(node_embeddings, options.rows_per_instance(n), precision);
         let temperature = options.temperature();
+        let device = problem.coords.device();
+        let sample_then_score = self.gradient_decode == GradientDecode::SampleThenScore;
+        if sample_then_score
+            && tours.is_none()
+            && trains_through_cubecl(&device)
+            && pre.by_feature.is_some()
+        {
+            return self.sample_then_score(problem, options, &pre);
+        }
         rollout(problem, options, self.load_arithmetic, tours, |state| {
             self.step_log_probs(&pre, state, temperature)
         })
+    }
+
+    /// A decode with gradients on a CubeCL device: the tours sampled outside autodiff, then
+    /// their log-likelihood as one differentiable decoder step over every step's rows.
+    ///
+    /// Step by step, each decode step was a dozen tracked operations and as many again in
+    /// the backward (the context's select and the chosen log-probability's gather each
+    /// scatter into zeros; every use of a precomputed tensor adds a gradient), and on a
+    /// GPU every one is a launch. Once the tours are known, every step's context, mask and
+    /// chosen node are too, and the steps' rows are independent: one decoder step over
+    /// them all gives the same log-probabilities, and its backward runs once. The sampling
+    /// pass costs one more forward decoder step per step, which a GPU does in a launch it
+    /// would have paid anyway.
+    fn sample_then_score(
+        &self,
+        problem: &DeviceBatch,
+        options: &DecodeOptions,
+        pre: &Precomputed,
+    ) -> DecodeOutput {
+        let temperature = options.temperature();
+        let frozen = pre.without_autodiff();
+        let mut seen = Vec::new();
+        let sampled = rollout(
+            &problem.without_autodiff(),
+            &options.without_log_likelihood(),
+            self.load_arithmetic,
+            None,
+            |state| {
+                seen.push((state.mask(), state.remaining_capacity_fraction()));
+                self.step_log_probs(&frozen, state, temperature)
+            },
+        );
+        let log_likelihood = self.score_steps(pre, &sampled.actions, seen, temperature);
+        DecodeOutput {
+            log_likelihood,
+            ..sampled
+        }
+    }
+
+    /// The log-likelihood of decoded tours from what the decode met at each step: one fused
+    /// decoder step over the rows of all of them (an instance's S rollouts times K steps).
+    /// The context is the step's own arithmetic, in the same order.
+    ///
+    /// # Shapes
+    /// - `actions`: `[R, T]`; `seen`: for each of the last K steps (POMO's forced first
+    ///   step is not scored), the mask `[R, N]` and remaining capacity fraction `[R, 1]`
+    /// - output: `[R]`
+    fn score_steps(
+        &self,
+        pre: &Precomputed,
+        actions: &Tensor<2, Int>,
+        seen: Vec<(Tensor<2, Bool>, Tensor<2>)>,
+        temperature: f64,
+    ) -> Tensor<1> {
+        let [b, n, d] = pre.last_node_context.dims();
+        let [rows, t] = actions.dims();
+        let k = seen.len();
+        let first = t - k;
+        let (masks, remaining): (Vec<_>, Vec<_>) = seen.into_iter().unzip();
+        // Row (r, step) of the step's rows is r · K + step: an instance's S·K rows together.
+        let mask = Tensor::cat(masks, 1).reshape([rows * k, n]); // [R·K, N]
+        let remaining = Tensor::cat(remaining, 1).reshape([b, pre.starts * k, 1]); // [B, S·K, 1]
+                                                                                   // Each step leaves from the node chosen at the step before (the depot at the first).
+        let last = match first {
+            0 => Tensor::cat(
+                vec![
+                    Tensor::zeros([rows, 1], &actions.device()),
+                    actions.clone().slice_dim(1, 0..t - 1),
+                ],
+                1,
+            ),
+            _ => actions.clone().slice_dim(1, first - 1..t - 1),
+        }; // [R, K]
+        let last = (last + pre.row_offsets.clone().reshape([rows, 1])).reshape([rows * k]); // [R·K]
+        let last_context = pre
+            .last_node_context
+            .clone()
+            .reshape([b * n, d])
+            .select(0, last)
+            .reshape([b, pre.starts * k, d]); // [B, S·K, d]
+        let step_context = last_context + remaining * pre.capacity_context.clone(); // [B, S·K, d]
+        let query = pre.fixed_context.clone() + step_context; // [B, S·K, d]
+        let by_feature = pre.by_feature.clone().expect("scored with the fused step");
+        let log_p = fused_step(
+            query,
+            pre.glimpse_keys.clone(),
+            pre.glimpse_values.clone(),
+            pre.logit_keys.clone(),
+            by_feature,
+            mask,
+            self.tanh_clipping,
+            temperature,
+        ); // [R·K, N]
+        let chosen = actions
+            .clone()
+            .slice_dim(1, first..t)
+            .reshape([rows * k, 1]); // [R·K, 1]
+        log_p
+            .gather(1, chosen)
+            .reshape([rows, k])
+            .sum_dim(1)
+            .reshape([rows]) // [R]
     }
 
     /// The encoder alone: node embeddings of the batch.
@@ -268,6 +418,12 @@ impl AttentionModel {
     /// The model with its encoder's attention core run in `kernel`'s form.
     pub fn with_encoder_attention(mut self, kernel: StepKernel) -> Self {
         self.encoder = self.encoder.with_attention_kernel(kernel);
+        self
+    }
+
+    /// The model with its decodes with gradients run as `how` on CubeCL devices.
+    pub fn with_gradient_decode(mut self, how: GradientDecode) -> Self {
+        self.gradient_decode = how;
         self
     }
 
@@ -406,7 +562,7 @@ mod tests {
     use super::*;
     use crate::backend::Backend;
     use crate::decoder_step::fused_on;
-    use crate::test_values::{pseudo_random, read, small_model};
+    use crate::test_values::{pseudo_random, read, read_ints, small_model};
 
     /// Kool's decoder step written as he does, with matmuls on transposed keys: the
     /// reference for the broadcast-and-sum form the model uses.
@@ -666,13 +822,7 @@ mod tests {
                 let plain = model.decode(&problem, &options);
                 let split = model.decode_at(&problem, &options, None, MatmulPrecision::Highest);
                 let case = format!("{step:?}, multi-start {multi_start}");
-                let tours = |o: &DecodeOutput| {
-                    o.actions
-                        .clone()
-                        .into_data()
-                        .try_into_vec_as::<i64>()
-                        .unwrap()
-                };
+                let tours = |o: &DecodeOutput| read_ints(o.actions.clone());
                 assert_eq!(tours(&plain), tours(&split), "{case}");
                 let (a, b) = (read(plain.log_likelihood), read(split.log_likelihood));
                 for (x, y) in a.iter().zip(&b) {
@@ -812,6 +962,97 @@ mod tests {
                 assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "{x} vs {y}");
             }
         }
+    }
+
+    /// The decode step by step, whatever the device (the reference `sample_then_score` is
+    /// checked against).
+    fn step_by_step(
+        model: &AttentionModel,
+        problem: &DeviceBatch,
+        options: &DecodeOptions,
+    ) -> DecodeOutput {
+        let n = problem.num_nodes() - 1;
+        let pre = model.precompute(model.encode(problem), options.rows_per_instance(n));
+        rollout(problem, options, model.load_arithmetic, None, |state| {
+            model.step_log_probs(&pre, state, options.temperature())
+        })
+    }
+
+    /// Sampled tours scored in one step after the decode (what CubeCL devices train with)
+    /// against the decode that scores each step as it goes: the same tours, the same
+    /// log-likelihoods, and the same gradients of every parameter the decoder and encoder
+    /// have, single- and multi-start (POMO's forced first step unscored).
+    fn assert_scored_at_once_matches_step_by_step(device: &Device) {
+        use burn::module::Module;
+        use routeburn_data::{Generator, InstanceRng};
+        let model = small_model(device);
+        let batch = Generator::uniform(9).sample_batch(&mut InstanceRng::new(3), 5);
+        for multi_start in [false, true] {
+            let options = DecodeOptions::sample(1.0).with_multi_start(multi_start);
+            let shape = crate::NoiseShape {
+                rows_per_instance: options.rows_per_instance(batch.n),
+            };
+            let upload = || {
+                let mut rng = InstanceRng::new(17);
+                DeviceBatch::upload(&batch, Some((shape, &mut rng)), device)
+            };
+            let reference = step_by_step(&model, &upload(), &options);
+            let problem = upload();
+            let n = problem.num_nodes() - 1;
+            let pre = model.precompute(model.encode(&problem), options.rows_per_instance(n));
+            let ours = model.sample_then_score(&problem, &options, &pre);
+            let actions = |o: &DecodeOutput| read_ints(o.actions.clone());
+            assert_eq!(
+                actions(&ours),
+                actions(&reference),
+                "multi-start {multi_start}"
+            );
+            let (a, b) = (
+                read(ours.log_likelihood.clone()),
+                read(reference.log_likelihood.clone()),
+            );
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "{x} vs {y}");
+            }
+            let grads = |ll: Tensor<1>| {
+                let grads = ll.sum().backward();
+                let mut all = Vec::new();
+                model.visit(&mut crate::test_values::GradsOf::new(&grads, &mut all));
+                all
+            };
+            let (ours, reference) = (grads(ours.log_likelihood), grads(reference.log_likelihood));
+            assert!(!reference.is_empty());
+            // Within 1e-4 of each tensor's largest entry, or 1e-5 of the largest of all: a
+            // gradient that sums to ~0 (a bias before a normalization) is rounding alone.
+            let largest = |t: &[f32]| t.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            let global = reference.iter().map(|r| largest(r)).fold(0.0f32, f32::max);
+            assert!(global > 0.1, "gradients of {global}");
+            for (k, (g, r)) in ours.iter().zip(&reference).enumerate() {
+                let within = 1e-4 * largest(r) + 1e-5 * global;
+                for (a, b) in g.iter().zip(r) {
+                    assert!(
+                        (a - b).abs() <= within,
+                        "multi-start {multi_start}, parameter {k}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn scored_at_once_matches_step_by_step() {
+        assert_scored_at_once_matches_step_by_step(&Device::flex().autodiff());
+    }
+
+    /// [`assert_scored_at_once_matches_step_by_step`] on CubeCL's CPU runtime, where a
+    /// training decode takes the scored form by itself.
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_scored_at_once_matches_step_by_step() {
+        let _alone = crate::test_values::one_cube_test_at_a_time();
+        let device = Backend::Cpu.device().unwrap().autodiff();
+        assert!(trains_through_cubecl(&device));
+        assert_scored_at_once_matches_step_by_step(&device);
     }
 
     /// A multi-start step reads each instance's keys for its S rollouts; the same step on

@@ -171,6 +171,25 @@ pub fn runs_through_cubecl(device: &Device) -> bool {
     }
 }
 
+/// Whether `device` is an autodiff device over CubeCL (a training decode there is sampled
+/// outside autodiff and then scored in one step, see `AttentionModel::decode`).
+pub(crate) fn trains_through_cubecl(device: &Device) -> bool {
+    #[cfg(any(feature = "cuda", feature = "cpu"))]
+    {
+        use burn::backend::DispatchDevice;
+        match device.as_dispatch() {
+            DispatchDevice::Autodiff(inner) => matches!(**inner, DispatchDevice::Cube(_)),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+    #[cfg(not(any(feature = "cuda", feature = "cpu")))]
+    {
+        let _ = device;
+        false
+    }
+}
+
 /// Whether `device` (or the device an autodiff device wraps) is a CUDA device: the one
 /// runtime compiled in here with device graphs (CUDA graphs; CubeCL's CPU runtime has none).
 pub fn records_device_graphs(device: &Device) -> bool {

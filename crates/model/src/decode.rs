@@ -28,6 +28,9 @@ pub struct DecodeOptions {
     /// read). Larger values save syncs at the cost of up to `check_every - 1` wasted
     /// steps. CubeCL devices ignore it: they always run 2n steps (`FinishChecks::Never`).
     pub check_every: usize,
+    /// Whether the decode sums its choices' log-probabilities (a decode whose tours are
+    /// scored afterwards does not: its log-likelihood is zeros).
+    pub(crate) log_likelihood: bool,
 }
 
 impl DecodeOptions {
@@ -38,6 +41,7 @@ impl DecodeOptions {
             selection: Selection::Greedy,
             multi_start: false,
             check_every: Self::DEFAULT_CHECK_EVERY,
+            log_likelihood: true,
         }
     }
 
@@ -55,6 +59,12 @@ impl DecodeOptions {
 
     pub fn with_check_every(mut self, check_every: usize) -> Self {
         self.check_every = check_every.max(1);
+        self
+    }
+
+    /// The same decode without its log-likelihood (zeros): one operation a step fewer.
+    pub(crate) fn without_log_likelihood(mut self) -> Self {
+        self.log_likelihood = false;
         self
     }
 
@@ -193,7 +203,9 @@ pub(crate) fn rollout(
                 step_to(&mut state, sample_inverse_cdf(log_p, uniform, stable))
             }
         }; // [R, 1]
-        record.push_log_prob(log_p.gather(1, action.clone())); // [R, 1]
+        if options.log_likelihood {
+            record.push_log_prob(log_p.gather(1, action.clone())); // [R, 1]
+        }
         record.push_action(step, action);
     }
     record.finish(starts)

@@ -29,7 +29,7 @@ pub mod state;
 #[cfg(any(feature = "cuda", feature = "cpu"))]
 mod state_kernel;
 
-pub use attention_model::{AttentionModel, AttentionModelConfig, Precomputed};
+pub use attention_model::{AttentionModel, AttentionModelConfig, GradientDecode, Precomputed};
 pub use backend::{records_device_graphs, runs_through_cubecl, Backend, BackendError};
 pub use decode::{decode_chunk, decode_in_chunks, DecodeOptions, DecodeOutput, Policy, Selection};
 pub use decoder_step::StepKernel;
@@ -93,6 +93,37 @@ mod test_values {
         crate::AttentionModelConfig::new()
             .with_encoder(encoder)
             .init(device)
+    }
+
+    /// Collects the gradient of every float parameter that has one in `grads`, in the
+    /// module's visiting order.
+    pub(crate) struct GradsOf<'a> {
+        grads: &'a burn::tensor::Gradients,
+        out: &'a mut Vec<Vec<f32>>,
+    }
+
+    impl<'a> GradsOf<'a> {
+        pub(crate) fn new(grads: &'a burn::tensor::Gradients, out: &'a mut Vec<Vec<f32>>) -> Self {
+            Self { grads, out }
+        }
+    }
+
+    impl burn::module::ModuleVisitor for GradsOf<'_> {
+        fn visit_float<const D: usize>(
+            &mut self,
+            param: &burn::module::Param<burn::tensor::Tensor<D>>,
+        ) {
+            if let Some(grad) = param.val().grad(self.grads) {
+                self.out.push(read(grad));
+            }
+        }
+    }
+
+    /// An int tensor's values, in order.
+    pub(crate) fn read_ints<const D: usize>(
+        t: burn::tensor::Tensor<D, burn::tensor::Int>,
+    ) -> Vec<i64> {
+        t.into_data().try_into_vec_as::<i64>().expect("ints")
     }
 
     /// A tensor's values, in order.

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use routeburn_data::HeuristicConfig;
 use routeburn_data::{Generator, GeneratorConfig};
 use routeburn_model::{
-    AttentionModelConfig, GraphEncoderConfig, LoadArithmetic, MatmulPrecision, Normalization,
-    PointerNetworkConfig, StepKernel,
+    AttentionModelConfig, GradientDecode, GraphEncoderConfig, LoadArithmetic, MatmulPrecision,
+    Normalization, PointerNetworkConfig, StepKernel,
 };
 use serde::{Deserialize, Serialize};
 
@@ -131,6 +131,14 @@ pub struct AttentionConfig {
     /// `highest` (f32 accuracy: each product as three TF32 products on CUDA).
     #[serde(skip_serializing_if = "is_high")]
     pub matmul_precision: MatmulPrecision,
+    /// How a training decode runs on CubeCL devices (cuda, cpu): `sample-then-score` (the
+    /// tours sampled without gradients, then scored in one decoder step) or `step-by-step`.
+    #[serde(skip_serializing_if = "is_sample_then_score")]
+    pub gradient_decode: GradientDecode,
+}
+
+fn is_sample_then_score(g: &GradientDecode) -> bool {
+    *g == GradientDecode::SampleThenScore
 }
 
 fn is_high(p: &MatmulPrecision) -> bool {
@@ -156,6 +164,7 @@ impl Default for AttentionConfig {
             decoder_step: m.decoder_step,
             encoder_attention: m.encoder.encoder_attention,
             matmul_precision: m.matmul_precision,
+            gradient_decode: m.gradient_decode,
         }
     }
 }
@@ -181,6 +190,7 @@ impl AttentionConfig {
             .with_load_arithmetic(self.load_arithmetic)
             .with_decoder_step(self.decoder_step)
             .with_matmul_precision(self.matmul_precision)
+            .with_gradient_decode(self.gradient_decode)
     }
 }
 
