@@ -171,6 +171,20 @@ pub fn runs_through_cubecl(device: &Device) -> bool {
     }
 }
 
+/// Whether `device` is a CubeCL device without autodiff: there a decoder step makes each
+/// row's query from its context inside its kernel (`fused_step_from_context`).
+pub(crate) fn steps_from_context(device: &Device) -> bool {
+    #[cfg(any(feature = "cuda", feature = "cpu"))]
+    {
+        matches!(device.as_dispatch(), burn::backend::DispatchDevice::Cube(_))
+    }
+    #[cfg(not(any(feature = "cuda", feature = "cpu")))]
+    {
+        let _ = device;
+        false
+    }
+}
+
 /// Whether `device` is an autodiff device over CubeCL (a training decode there is sampled
 /// outside autodiff and then scored in one step, see `AttentionModel::decode`).
 pub(crate) fn trains_through_cubecl(device: &Device) -> bool {

@@ -170,25 +170,15 @@ pub(crate) fn rollout(
             every: options.check_every.max(1),
         },
     };
-    // Outside autodiff, as the choice: it carries no gradient, and on an autodiff device
-    // each operation of the CDF would be recorded.
-    let noise = match options.selection {
-        Selection::Greedy => None,
-        Selection::Sample { .. } => Some(
-            problem
-                .noise
-                .clone()
-                .expect("a sampled decode needs DeviceBatch noise")
-                .without_autodiff(),
-        ), // [R, T]
-    };
+    let noise = sampling_noise(problem, options); // [R, T]
     for step in first_step..max_steps {
         if checks.due(step) && state.finished().all().into_scalar::<bool>() {
             break;
         }
         let log_p = next_log_probs(&state); // [R, N]
-                                            // On CubeCL devices the state's kernel chooses and steps at once, reading the
-                                            // step's column of the noise itself.
+
+        // On CubeCL devices the state's kernel chooses and steps at once, reading the
+        // step's column of the noise itself.
         let chosen = match follow {
             Some(_) => None,
             None => state.choose_and_step(log_p.clone(), noise.clone().map(|t| (t, step))),
@@ -209,6 +199,22 @@ pub(crate) fn rollout(
         record.push_action(step, action);
     }
     record.finish(starts)
+}
+
+/// The uniforms a sampled decode inverts its CDFs at, `[R, T]` (none for a greedy one),
+/// outside autodiff as the choice: it carries no gradient, and on an autodiff device each
+/// operation of the CDF would be recorded.
+fn sampling_noise(problem: &DeviceBatch, options: &DecodeOptions) -> Option<Tensor<2>> {
+    match options.selection {
+        Selection::Greedy => None,
+        Selection::Sample { .. } => Some(
+            problem
+                .noise
+                .clone()
+                .expect("a sampled decode needs DeviceBatch noise")
+                .without_autodiff(),
+        ),
+    }
 }
 
 /// `state` moved to `action` (`[R, 1]`), which is returned.

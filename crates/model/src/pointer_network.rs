@@ -316,7 +316,8 @@ pub fn pointer_network_nll_sum(
     let target_log_p = pointer_log_probs
         .gather(2, targets.reshape([b, t, 1]))
         .reshape([b, t]); // [B, T]
-                          // mask_fill, not a product: a padded position may hold −∞, and −∞ × 0 is NaN.
+
+    // mask_fill, not a product: a padded position may hold −∞, and −∞ × 0 is NaN.
     let kept = target_log_p.mask_fill(valid.bool_not(), 0.0); // [B, T]
     -kept.sum()
 }

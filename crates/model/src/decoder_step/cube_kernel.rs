@@ -112,6 +112,72 @@ pub(crate) fn forward(
     output
 }
 
+/// The step's forward pass from each row's context (no autodiff): see
+/// [`decoder_step_from_context_kernel`]. The query is made inside the kernel, so the
+/// context's select, product and sums are no launches of their own.
+///
+/// # Shapes
+/// - `fixed_context`: `[B, 1, d]`, `last_node_context`: `[B, N, d]`, `capacity_context`:
+///   `[1, 1, d]`, `last_node` and `remaining`: `[B × S, 1]`, `by_feature`: `[B, 3d, Np]`,
+///   `mask`: `[B × S, N]`
+/// - output: `[B × S, N]` log-probabilities, −∞ at masked nodes
+pub(crate) fn forward_from_context(
+    [fixed_context, last_node_context, capacity_context, remaining]: [CubeTensor; 4],
+    last_node: CubeTensor,
+    by_feature: CubeTensor,
+    mask: CubeTensor,
+    heads: usize,
+    (tanh_clipping, temperature): (f32, f32),
+) -> CubeTensor {
+    let [fixed_context, last_node_context, capacity_context, remaining, by_feature] = [
+        fixed_context,
+        last_node_context,
+        capacity_context,
+        remaining,
+        by_feature,
+    ]
+    .map(into_contiguous);
+    let (last_node, mask) = (into_contiguous(last_node), into_contiguous(mask));
+    let [b, nodes, d] = last_node_context.meta.shape().dims::<3>();
+    let rows = mask.meta.shape().dims::<2>()[0];
+    let padded_nodes = by_feature.meta.shape().dims::<3>()[2];
+    assert!(
+        fits(nodes, heads, d, false) && d % heads == 0,
+        "the CubeCL decoder step's shared memory does not hold {nodes} nodes"
+    );
+    let (float, int, boolean) = (last_node_context.dtype, last_node.dtype, mask.dtype);
+    let empty = |shape: Shape| {
+        let (client, device) = (mask.client.clone(), mask.device.clone());
+        empty_device_contiguous_dtype(client, device, shape, float)
+    };
+    let query = empty(Shape::new([b, rows / b, d]));
+    let output = empty(Shape::new([rows, nodes]));
+    let client = mask.client.clone();
+    decoder_step_from_context_kernel::launch(
+        &client,
+        CubeCount::Static(rows as u32, 1, 1),
+        cube_dim(&client, UNITS),
+        fixed_context.into_tensor_arg(),
+        last_node_context.into_tensor_arg(),
+        capacity_context.into_tensor_arg(),
+        last_node.into_tensor_arg(),
+        remaining.into_tensor_arg(),
+        query.into_tensor_arg(),
+        by_feature.into_tensor_arg(),
+        mask.into_tensor_arg(),
+        output.clone().into_tensor_arg(),
+        tanh_clipping,
+        temperature,
+        (rows / b) as u32,
+        nodes as u32,
+        heads,
+        d / heads,
+        padded_nodes,
+        [float, int, boolean].map(dtype_to_storage_type),
+    );
+    output
+}
+
 /// Where a row's query, its instance's keys by feature and the row's mask sit (element
 /// offsets and strides), and the instance's node count.
 #[derive(CubeType, Clone)]
@@ -281,6 +347,90 @@ fn decoder_step_kernel<F: Float, M: Int>(
     #[comptime] head_dim: usize,
     #[comptime] padded_nodes: usize,
     #[define(F, M)] _dtypes: [ElemType; 2],
+) {
+    step_row(
+        query,
+        by_feature,
+        mask,
+        output,
+        tanh_clipping,
+        temperature,
+        starts,
+        node_count,
+        heads,
+        head_dim,
+        padded_nodes,
+    );
+}
+
+/// [`decoder_step_kernel`] with each row's query made first, from its context: the fixed
+/// context `[B, 1, d]` + (the row of `last_node_context` `[B, N, d]` of the node the row
+/// stands at + its remaining capacity fraction · `capacity_context` `[d]`), in the
+/// tensors' float type and in the order `AttentionModel::step_log_probs` adds them. The
+/// query is written to `query` `[B, S, d]`, which the rest of the cube then reads.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn decoder_step_from_context_kernel<F: Float, I: Int, M: Int>(
+    fixed_context: &Tensor<F>,
+    last_node_context: &Tensor<F>,
+    capacity_context: &Tensor<F>,
+    last_node: &Tensor<I>,
+    remaining: &Tensor<F>,
+    query: &mut Tensor<F>,
+    by_feature: &Tensor<F>,
+    mask: &Tensor<M>,
+    output: &mut Tensor<F>,
+    tanh_clipping: f32,
+    temperature: f32,
+    starts: u32,
+    node_count: u32,
+    #[comptime] heads: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] padded_nodes: usize,
+    #[define(F, I, M)] _dtypes: [ElemType; 3],
+) {
+    let d = heads * head_dim;
+    let row = CUBE_POS_X as usize;
+    let instance = row / starts as usize;
+    let node = usize::cast_from(last_node[row]);
+    let node_row = (instance * node_count as usize + node) * d;
+    let mut f = UNIT_POS_X as usize;
+    while f < d {
+        let step = last_node_context[node_row + f] + remaining[row] * capacity_context[f];
+        query[row * d + f] = fixed_context[instance * d + f] + step;
+        f += CUBE_DIM_X as usize;
+    }
+    sync_cube();
+    step_row(
+        &*query,
+        by_feature,
+        mask,
+        output,
+        tanh_clipping,
+        temperature,
+        starts,
+        node_count,
+        heads,
+        head_dim,
+        padded_nodes,
+    );
+}
+
+/// One row's step (the cube's): its attention, logits and log-softmax into `output`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn step_row<F: Float, M: Int>(
+    query: &Tensor<F>,
+    by_feature: &Tensor<F>,
+    mask: &Tensor<M>,
+    output: &mut Tensor<F>,
+    tanh_clipping: f32,
+    temperature: f32,
+    starts: u32,
+    node_count: u32,
+    #[comptime] heads: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] padded_nodes: usize,
 ) {
     let d = heads * head_dim;
     let nodes = node_count as usize;

@@ -109,6 +109,57 @@ pub(crate) fn fused_step(
     unreachable!("no backend with a fused decoder step is compiled in; check `fused_on` first")
 }
 
+/// The fused step from each row's context, on a CubeCL device without autodiff (see
+/// [`DecoderStepFromContextBackend`]); call it only where [`crate::backend::steps_from_context`]
+/// holds.
+///
+/// # Shapes
+/// - `fixed_context`: `[B, 1, d]`, `last_node_context`: `[B, N, d]`, `capacity_context`:
+///   `[1, 1, d]`, `last_node` and `remaining`: `[B × S, 1]`, `by_feature`: as
+///   [`fused_step`]'s, `mask`: `[B × S, N]`
+/// - output: `[B × S, N]` log-probabilities, −∞ at masked nodes
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fused_step_from_context(
+    [fixed_context, last_node_context, capacity_context]: [Tensor<3>; 3],
+    last_node: Tensor<2, burn::tensor::Int>,
+    remaining: Tensor<2>,
+    by_feature: Tensor<3>,
+    mask: Tensor<2, Bool>,
+    heads: usize,
+    tanh_clipping: f64,
+    temperature: f64,
+) -> Tensor<2> {
+    #[cfg(any(feature = "cuda", feature = "cpu"))]
+    {
+        use burn::backend::Dispatch;
+        let out = <Dispatch as DecoderStepFromContextBackend>::decoder_step_from_context(
+            fixed_context.into_dispatch(),
+            last_node_context.into_dispatch(),
+            capacity_context.into_dispatch(),
+            last_node.into_dispatch(),
+            remaining.into_dispatch(),
+            by_feature.into_dispatch(),
+            mask.into_dispatch(),
+            heads,
+            tanh_clipping as f32,
+            temperature as f32,
+        );
+        Tensor::from_dispatch(out)
+    }
+    #[cfg(not(any(feature = "cuda", feature = "cpu")))]
+    {
+        let _ = (
+            fixed_context,
+            last_node_context,
+            capacity_context,
+            last_node,
+            remaining,
+        );
+        let _ = (by_feature, mask, heads, tanh_clipping, temperature);
+        unreachable!("no CubeCL backend is compiled in; check `steps_from_context` first")
+    }
+}
+
 #[cfg(any(feature = "flex", feature = "cuda", feature = "cpu"))]
 pub use extension::DecoderStepBackend;
 
@@ -144,12 +195,12 @@ mod extension {
 }
 
 #[cfg(any(feature = "cuda", feature = "cpu"))]
-pub use cube_impl::DecoderStepGradsBackend;
+pub use cube_impl::{DecoderStepFromContextBackend, DecoderStepGradsBackend};
 
 #[cfg(any(feature = "cuda", feature = "cpu"))]
 mod cube_impl {
     use burn::backend::backend_extension;
-    use burn::backend::tensor::{BoolTensor, FloatTensor};
+    use burn::backend::tensor::{BoolTensor, FloatTensor, IntTensor};
     use burn::backend::TensorMetadata;
     #[allow(unused_imports)] // in the Fusion metadata
     use burn::tensor::Shape;
@@ -181,6 +232,55 @@ mod cube_impl {
             FloatTensor<Self>,
             FloatTensor<Self>,
         );
+    }
+
+    /// The step's forward pass with each row's query made from its context inside the
+    /// kernel: what a decode without gradients runs on CubeCL devices (the context's
+    /// select, product and sums would be launches of their own).
+    #[backend_extension(Cube, Fusion)]
+    pub trait DecoderStepFromContextBackend: burn::backend::Backend {
+        /// The log-probabilities `[B × S, N]` of [`DecoderStepBackend::decoder_step`] on
+        /// the query `fixed_context` `[B, 1, d]` + (`last_node_context` `[B, N, d]` at each
+        /// row's `last_node` `[B × S, 1]` + `remaining` `[B × S, 1]` · `capacity_context`
+        /// `[1, 1, d]`).
+        #[allow(clippy::too_many_arguments)]
+        #[fusion(dtype = last_node_context, shape = Shape::new([mask[0], mask[1]]))]
+        fn decoder_step_from_context(
+            fixed_context: FloatTensor<Self>,
+            last_node_context: FloatTensor<Self>,
+            capacity_context: FloatTensor<Self>,
+            last_node: IntTensor<Self>,
+            remaining: FloatTensor<Self>,
+            by_feature: FloatTensor<Self>,
+            mask: BoolTensor<Self>,
+            heads: usize,
+            tanh_clipping: f32,
+            temperature: f32,
+        ) -> FloatTensor<Self>;
+    }
+
+    impl DecoderStepFromContextBackend for CubeBackend {
+        fn decoder_step_from_context(
+            fixed_context: FloatTensor<Self>,
+            last_node_context: FloatTensor<Self>,
+            capacity_context: FloatTensor<Self>,
+            last_node: IntTensor<Self>,
+            remaining: FloatTensor<Self>,
+            by_feature: FloatTensor<Self>,
+            mask: BoolTensor<Self>,
+            heads: usize,
+            tanh_clipping: f32,
+            temperature: f32,
+        ) -> FloatTensor<Self> {
+            let context = [
+                fixed_context,
+                last_node_context,
+                capacity_context,
+                remaining,
+            ];
+            let scale = (tanh_clipping, temperature);
+            cube_kernel::forward_from_context(context, last_node, by_feature, mask, heads, scale)
+        }
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -6,8 +6,10 @@
 //!
 //! The replay reads its batch from its own input buffer, so a step uploads its instances
 //! twice (the sampled decode's upload and this one, a few kilobytes). A recording is
-//! checked once against the eager decode of the same batch; a refusal (no device graphs,
-//! other tours) is said once on stderr, and the baseline decodes eagerly from then on.
+//! checked against the eager decode of the same batch, and its first replay of another
+//! batch (the first that writes its inputs) against that batch's eager decode; a refusal
+//! (no device graphs, other tours) is said once on stderr, and the baseline decodes
+//! eagerly from then on.
 
 use burn::tensor::{Device, Int, Tensor};
 use routeburn_data::Batch;
@@ -21,6 +23,9 @@ pub(crate) struct RecordedRollout {
     /// Whether to record at all: `reinforce.baseline_graph` on a CUDA device.
     wanted: bool,
     recorded: Option<RecordedDecode<AttentionModel>>,
+    /// Whether the recording has replayed a batch written into its inputs and given the
+    /// eager decode's tours.
+    replay_checked: bool,
     /// Set once a recording was refused: no second attempt in this run.
     refused: bool,
 }
@@ -30,6 +35,7 @@ impl RecordedRollout {
         Self {
             wanted: wanted && records_device_graphs(device),
             recorded: None,
+            replay_checked: false,
             refused: false,
         }
     }
@@ -56,24 +62,41 @@ impl RecordedRollout {
             if !recorded.fits(batch) {
                 return Ok(None);
             }
-            return recorded.replay(batch).map(Some).map_err(|why| {
+            let actions = recorded.replay(batch).map_err(|why| {
                 TrainError::Failed(format!("the rollout baseline's device graph: {why}"))
-            });
+            })?;
+            if self.replay_checked {
+                return Ok(Some(actions));
+            }
+            let eager = model.decode(&DeviceBatch::upload(batch, None, device), options);
+            if read(actions.clone()) == read(eager.actions.clone()) {
+                self.replay_checked = true;
+                return Ok(Some(actions));
+            }
+            self.refuse("a replay's tours of a new batch differ from the eager decode's");
+            return Ok(Some(eager.actions));
         }
         let refusal = match RecordedDecode::record(model, batch, options, device) {
             Ok((recorded, actions)) => {
                 let eager = model.decode(&DeviceBatch::upload(batch, None, device), options);
                 if read(actions.clone()) == read(eager.actions) {
                     self.recorded = Some(recorded);
+                    self.replay_checked = false;
                     return Ok(Some(actions));
                 }
                 "its tours differ from the eager decode's".to_string()
             }
             Err(why) => why,
         };
-        eprintln!("rollout baseline: device graph not recorded ({refusal}); decoding eagerly");
-        self.refused = true;
+        self.refuse(&refusal);
         Ok(None)
+    }
+
+    /// No graph from now on, said once.
+    fn refuse(&mut self, why: &str) {
+        eprintln!("rollout baseline: device graph not used ({why}); decoding eagerly");
+        self.recorded = None;
+        self.refused = true;
     }
 }
 
@@ -106,6 +129,7 @@ mod tests {
         let mut asked = RecordedRollout {
             wanted: true,
             recorded: None,
+            replay_checked: false,
             refused: false,
         };
         assert!(asked
