@@ -18,7 +18,7 @@ use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::backend::{steps_from_context, trains_through_cubecl};
-use crate::decode::{rollout, DecodeOptions, DecodeOutput, Policy};
+use crate::decode::{cat_columns, rollout, DecodeOptions, DecodeOutput, Policy};
 use crate::decoder_step::{
     fused_on, fused_step, fused_step_from_context, keys_by_feature, StepKernel,
 };
@@ -144,23 +144,6 @@ pub struct Precomputed {
     /// picks its last node's context row by `select`, a contiguous row copy, where a
     /// `gather` of `[B, S, d]` indices reads one index per float.
     row_offsets: Tensor<1, Int>,
-}
-
-/// Tensors cut into at most this many for each `cat` (see [`cat_columns`]).
-const CAT_GROUP: usize = 64;
-
-/// `Tensor::cat` along dim 1, [`CAT_GROUP`] tensors at a time, then the groups: CubeCL's
-/// fuser makes a `cat` one kernel that binds every input, and a kernel's bindings are
-/// bounded (1,024 on CUDA), so a CVRP100 decode's 200 steps are four kernels and a fifth.
-fn cat_columns<K: burn::tensor::kind::Basic>(tensors: Vec<Tensor<2, K>>) -> Tensor<2, K> {
-    if tensors.len() <= CAT_GROUP {
-        return Tensor::cat(tensors, 1);
-    }
-    let groups = tensors
-        .chunks(CAT_GROUP)
-        .map(|group| Tensor::cat(group.to_vec(), 1))
-        .collect();
-    Tensor::cat(groups, 1)
 }
 
 impl Precomputed {
@@ -1001,27 +984,6 @@ mod tests {
                 assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "{x} vs {y}");
             }
         }
-    }
-
-    /// Past [`CAT_GROUP`] columns (a CVRP100 decode's 200 steps), the grouped cat keeps
-    /// every column in order.
-    #[test]
-    fn grouped_cat_keeps_the_columns_in_order() {
-        let device = Device::flex();
-        let columns: Vec<Tensor<2>> = (0..150)
-            .map(|i| {
-                Tensor::from_data(
-                    TensorData::new(vec![i as f32, -(i as f32)], [2, 1]),
-                    &device,
-                )
-            })
-            .collect();
-        let whole = read(cat_columns(columns));
-        let expected: Vec<f32> = (0..150)
-            .map(|i| i as f32)
-            .chain((0..150).map(|i| -(i as f32)))
-            .collect();
-        assert_eq!(whole, expected);
     }
 
     /// The decode step by step, whatever the device (the reference `sample_then_score` is

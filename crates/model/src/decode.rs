@@ -159,7 +159,7 @@ pub(crate) fn rollout(
             .expand([b, n])
             .reshape([rows, 1]); // [R, 1]
         state.step(forced.clone());
-        record.push_action(0, forced);
+        record.push_action(forced);
         first_step = 1;
     }
 
@@ -196,7 +196,7 @@ pub(crate) fn rollout(
         if options.log_likelihood {
             record.push_log_prob(log_p.gather(1, action.clone())); // [R, 1]
         }
-        record.push_action(step, action);
+        record.push_action(action);
     }
     record.finish(starts)
 }
@@ -317,84 +317,87 @@ impl FinishChecks {
     }
 }
 
-/// Where a decode's actions and chosen log-probabilities go.
-enum Record {
-    /// Lists concatenated once at the end: the fewest operations, for host-driven backends.
-    Lists {
-        actions: Vec<Tensor<2, Int>>,
-        log_probs: Vec<Tensor<2>>,
-        rows: usize,
-    },
-    /// `[R, 2n]` actions written in place and a running `[R, 1]` log-likelihood: each step
-    /// issues the same operations, however long the decode (CubeCL).
-    InPlace(Box<(Tensor<2, Int>, Tensor<2>)>),
+/// Where a decode's actions and chosen log-probabilities go: the actions in a list,
+/// concatenated once at the end ([`cat_columns`]: one fused kernel on CubeCL devices, where
+/// a `[R, 2n]` record written in place was a launch a step); the log-probabilities in a list
+/// too (host-driven backends), or as a running `[R, 1]` sum (CubeCL: one fused gather and
+/// add a step, the same operations at every step however long the decode).
+struct Record {
+    actions: Vec<Tensor<2, Int>>,
+    log_likelihood: LogLikelihood,
+    rows: usize,
+}
+
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per decode, never in a collection: boxing would buy nothing"
+)]
+enum LogLikelihood {
+    Lists(Vec<Tensor<2>>),
+    Running(Tensor<2>),
 }
 
 impl Record {
-    fn new(in_place: bool, rows: usize, max_steps: usize, device: &burn::tensor::Device) -> Self {
-        match in_place {
-            true => Record::InPlace(Box::new((
-                Tensor::zeros([rows, max_steps], device),
-                Tensor::zeros([rows, 1], device),
-            ))),
-            false => Record::Lists {
-                actions: Vec::with_capacity(max_steps),
-                log_probs: Vec::with_capacity(max_steps),
-                rows,
+    fn new(running: bool, rows: usize, max_steps: usize, device: &burn::tensor::Device) -> Self {
+        Self {
+            actions: Vec::with_capacity(max_steps),
+            log_likelihood: match running {
+                true => LogLikelihood::Running(Tensor::zeros([rows, 1], device)),
+                false => LogLikelihood::Lists(Vec::with_capacity(max_steps)),
             },
+            rows,
         }
     }
 
-    /// `action`: `[R, 1]`, the node chosen at `step`.
-    fn push_action(&mut self, step: usize, action: Tensor<2, Int>) {
-        match self {
-            Record::Lists { actions, .. } => actions.push(action),
-            Record::InPlace(record) => {
-                let rows = action.dims()[0];
-                // Moved out, not cloned: with a second handle on its buffer the slice
-                // assignment copies the whole record first (one more launch a step).
-                let placeholder = Tensor::empty([0, 0], &action.device());
-                let actions = std::mem::replace(&mut record.0, placeholder);
-                record.0 = actions.slice_assign([0..rows, step..step + 1], action);
-            }
-        }
+    /// `action`: `[R, 1]`, the node chosen at the next step.
+    fn push_action(&mut self, action: Tensor<2, Int>) {
+        self.actions.push(action);
     }
 
     /// `log_p`: `[R, 1]`, the chosen node's log-probability.
     fn push_log_prob(&mut self, log_p: Tensor<2>) {
-        match self {
-            Record::Lists { log_probs, .. } => log_probs.push(log_p),
-            Record::InPlace(record) => {
-                let log_likelihood = &mut record.1;
-                *log_likelihood = log_likelihood.clone() + log_p;
-            }
+        match &mut self.log_likelihood {
+            LogLikelihood::Lists(log_probs) => log_probs.push(log_p),
+            LogLikelihood::Running(sum) => *sum = sum.clone() + log_p,
         }
     }
 
     fn finish(self, rows_per_instance: usize) -> DecodeOutput {
-        let (actions, log_likelihood) = match self {
-            Record::Lists {
-                actions,
-                log_probs,
-                rows,
-            } => {
-                let log_likelihood = match log_probs.is_empty() {
-                    true => Tensor::zeros([rows], &actions[0].device()),
-                    false => Tensor::cat(log_probs, 1).sum_dim(1).squeeze_dim::<1>(1), // [R]
-                };
-                (Tensor::cat(actions, 1), log_likelihood) // [R, T]
+        let device = self.actions[0].device();
+        let log_likelihood = match self.log_likelihood {
+            LogLikelihood::Lists(log_probs) if log_probs.is_empty() => {
+                Tensor::zeros([self.rows], &device)
             }
-            Record::InPlace(record) => {
-                let (actions, log_likelihood) = *record;
-                (actions, log_likelihood.squeeze_dim::<1>(1))
+            LogLikelihood::Lists(log_probs) => {
+                cat_columns(log_probs).sum_dim(1).squeeze_dim::<1>(1)
             }
-        };
+            LogLikelihood::Running(sum) => sum.squeeze_dim::<1>(1),
+        }; // [R]
         DecodeOutput {
-            actions,
+            actions: cat_columns(self.actions), // [R, T]
             log_likelihood,
             rows_per_instance,
         }
     }
+}
+
+/// Tensors cut into at most this many for each `cat` (see [`cat_columns`]).
+const CAT_GROUP: usize = 64;
+
+/// `Tensor::cat` along dim 1, [`CAT_GROUP`] tensors at a time, then the groups: CubeCL's
+/// fuser makes a `cat` one kernel that binds every input, and a kernel's bindings are
+/// bounded (1,024 on CUDA), so a CVRP100 decode's 200 steps are four kernels and a fifth.
+pub(crate) fn cat_columns<K: burn::tensor::kind::Basic>(
+    tensors: Vec<Tensor<2, K>>,
+) -> Tensor<2, K> {
+    if tensors.len() <= CAT_GROUP {
+        return Tensor::cat(tensors, 1);
+    }
+    let groups = tensors
+        .chunks(CAT_GROUP)
+        .map(|group| Tensor::cat(group.to_vec(), 1))
+        .collect();
+    Tensor::cat(groups, 1)
 }
 
 /// Repeats each row `times` times, instance-major: `[B, ...]` → `[B × times, ...]`.
@@ -531,56 +534,67 @@ mod tests {
         }
     }
 
-    /// Both records give the same actions (the in-place one padded with zeros to 2n) and
-    /// log-likelihoods (sums of the same terms) for one made-up decode.
+    /// Both records give the same actions and log-likelihoods (sums of the same terms,
+    /// listed or running) for one made-up decode.
     #[test]
-    fn in_place_record_matches_lists() {
+    fn running_record_matches_lists() {
         let device = Device::flex();
         let (rows, max_steps, steps) = (3, 6, 4);
         let mut lists = Record::new(false, rows, max_steps, &device);
-        let mut in_place = Record::new(true, rows, max_steps, &device);
+        let mut running = Record::new(true, rows, max_steps, &device);
         let mut expected_ll = [0.0f32; 3];
+        let mut expected_actions = vec![0i64; rows * steps];
         for step in 0..steps {
             let nodes: Vec<i64> = (0..rows as i64).map(|r| (r + step as i64) % 3).collect();
             let log_p: Vec<f32> = (0..rows)
                 .map(|r| -0.1 * (r + 2 * step + 1) as f32)
                 .collect();
-            for (sum, lp) in expected_ll.iter_mut().zip(&log_p) {
+            for (r, (sum, lp)) in expected_ll.iter_mut().zip(&log_p).enumerate() {
                 *sum += lp;
+                expected_actions[r * steps + step] = nodes[r];
             }
-            for record in [&mut lists, &mut in_place] {
+            for record in [&mut lists, &mut running] {
                 let action =
                     Tensor::<2, Int>::from_data(TensorData::new(nodes.clone(), [rows, 1]), &device);
                 record.push_log_prob(Tensor::from_data(
                     TensorData::new(log_p.clone(), [rows, 1]),
                     &device,
                 ));
-                record.push_action(step, action);
+                record.push_action(action);
             }
         }
-        let (a, b) = (lists.finish(1), in_place.finish(1));
-        let a_actions = a
-            .actions
-            .into_data()
-            .convert::<i64>()
-            .try_to_vec::<i64>()
-            .unwrap();
-        let b_actions = b
-            .actions
-            .into_data()
-            .convert::<i64>()
-            .try_to_vec::<i64>()
-            .unwrap();
-        for r in 0..rows {
-            let padded = &b_actions[r * max_steps..(r + 1) * max_steps];
-            assert_eq!(&padded[..steps], &a_actions[r * steps..(r + 1) * steps]);
-            assert!(padded[steps..].iter().all(|&x| x == 0));
-        }
-        for ll in [a.log_likelihood, b.log_likelihood] {
-            let ll = ll.into_data().try_to_vec::<f32>().unwrap();
+        for decoded in [lists.finish(1), running.finish(1)] {
+            let actions = decoded.actions.into_data().convert::<i64>();
+            assert_eq!(actions.try_to_vec::<i64>().unwrap(), expected_actions);
+            let ll = decoded
+                .log_likelihood
+                .into_data()
+                .try_to_vec::<f32>()
+                .unwrap();
             for (got, want) in ll.iter().zip(expected_ll) {
                 assert!((got - want).abs() < 1e-6, "{got} vs {want}");
             }
         }
+    }
+
+    /// Past [`CAT_GROUP`] columns (a CVRP100 decode's 200 steps), the grouped cat keeps
+    /// every column in order.
+    #[test]
+    fn grouped_cat_keeps_the_columns_in_order() {
+        let device = Device::flex();
+        let columns: Vec<Tensor<2>> = (0..150)
+            .map(|i| {
+                Tensor::from_data(
+                    TensorData::new(vec![i as f32, -(i as f32)], [2, 1]),
+                    &device,
+                )
+            })
+            .collect();
+        let whole = crate::test_values::read(cat_columns(columns));
+        let expected: Vec<f32> = (0..150)
+            .map(|i| i as f32)
+            .chain((0..150).map(|i| -(i as f32)))
+            .collect();
+        assert_eq!(whole, expected);
     }
 }
