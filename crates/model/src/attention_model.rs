@@ -147,6 +147,27 @@ pub struct Precomputed {
 }
 
 impl Precomputed {
+    /// The queries of rows standing at `last` (each instance's S rollouts, K steps each):
+    /// the fixed context + (the node's context row + the remaining capacity fraction · the
+    /// capacity's weight row).
+    ///
+    /// # Shapes
+    /// - `last`: `[R, K]` node indices, R = B × S; `remaining`: `[B, S·K, 1]`
+    /// - output: `[B, S·K, d]`, row s·K + k of instance b for rollout s at step k
+    fn query(&self, last: Tensor<2, Int>, remaining: Tensor<3>) -> Tensor<3> {
+        let [b, n, d] = self.last_node_context.dims();
+        let [rows, k] = last.dims();
+        let rows_of = last + self.row_offsets.clone().reshape([rows, 1]); // [R, K]
+        let last_context = self
+            .last_node_context
+            .clone()
+            .reshape([b * n, d])
+            .select(0, rows_of.reshape([rows * k]))
+            .reshape([b, self.starts * k, d]); // [B, S·K, d]
+        let step_context = last_context + remaining * self.capacity_context.clone(); // [B, S·K, d]
+        self.fixed_context.clone() + step_context
+    }
+
     /// The same tensors outside autodiff: what a decode that records no gradient reads.
     fn without_autodiff(&self) -> Self {
         Self {
@@ -275,7 +296,7 @@ impl AttentionModel {
         seen: Vec<(Tensor<2, Bool>, Tensor<2>)>,
         temperature: f64,
     ) -> Tensor<1> {
-        let [b, n, d] = pre.last_node_context.dims();
+        let [b, n, _] = pre.last_node_context.dims();
         let [rows, t] = actions.dims();
         let k = seen.len();
         let first = t - k;
@@ -295,15 +316,7 @@ impl AttentionModel {
             ),
             _ => actions.clone().slice_dim(1, first - 1..t - 1),
         }; // [R, K]
-        let last = (last + pre.row_offsets.clone().reshape([rows, 1])).reshape([rows * k]); // [R·K]
-        let last_context = pre
-            .last_node_context
-            .clone()
-            .reshape([b * n, d])
-            .select(0, last)
-            .reshape([b, pre.starts * k, d]); // [B, S·K, d]
-        let step_context = last_context + remaining * pre.capacity_context.clone(); // [B, S·K, d]
-        let query = pre.fixed_context.clone() + step_context; // [B, S·K, d]
+        let query = pre.query(last, remaining); // [B, S·K, d]
         let by_feature = pre.by_feature.clone().expect("scored with the fused step");
         let log_p = fused_step(
             query,
@@ -447,7 +460,7 @@ impl AttentionModel {
         state: &CvrpState,
         temperature: f64,
     ) -> Tensor<2> {
-        let [b, n, d] = pre.last_node_context.dims();
+        let [b, _, _] = pre.last_node_context.dims();
         let s = pre.starts;
         let mask = state.mask(); // [R, N]
         if let Some(by_feature) = &pre.by_feature {
@@ -470,16 +483,8 @@ impl AttentionModel {
             }
         }
 
-        let last = state.last_node().reshape([b * s]) + pre.row_offsets.clone(); // [R]
-        let last_context = pre
-            .last_node_context
-            .clone()
-            .reshape([b * n, d])
-            .select(0, last)
-            .reshape([b, s, d]); // [B, S, d]
         let remaining = state.remaining_capacity_fraction().reshape([b, s, 1]); // [B, S, 1]
-        let step_context = last_context + remaining * pre.capacity_context.clone(); // [B, S, d]
-        let query = pre.fixed_context.clone() + step_context; // [B, S, d]
+        let query = pre.query(state.last_node(), remaining); // [B, S, d]
         if let Some(by_feature) = &pre.by_feature {
             return fused_step(
                 query,
