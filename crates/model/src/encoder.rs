@@ -44,8 +44,8 @@ pub struct GraphEncoderConfig {
     /// Biases in the attention's projections: Kool's encoder has none, rl4co's has them.
     #[config(default = false)]
     pub attention_bias: bool,
-    /// The attention core as one fused operation where the backend has one (flex), or
-    /// Burn's ops one by one.
+    /// The attention core as one fused operation where the backend has one (flex, CUDA and
+    /// the `cpu` stand-in), or Burn's ops one by one.
     #[config(default = "StepKernel::Fused")]
     pub encoder_attention: StepKernel,
 }
@@ -183,9 +183,14 @@ impl MultiHeadSelfAttention {
     /// - `h`: `[B, N, d]` → `[B, N, d]`
     pub fn forward(&self, h: Tensor<3>, p: MatmulPrecision) -> Tensor<3> {
         let qkv = per_node(&self.qkv, h, p); // [B, N, 3d]
-        let fused = self.kernel == StepKernel::Fused && crate::backend::runs_on_flex(&qkv.device());
-        // flex's fused core is exact f32: split products there only when a test asks.
-        let attended = if fused && p == MatmulPrecision::High {
+        let [_, n, _] = qkv.dims();
+        let device = qkv.device();
+        let fused = self.kernel == StepKernel::Fused && self_attention::fused_on(&device, n);
+        // Both fused cores are exact f32, which `highest` asks of CubeCL's tensor cores; on
+        // flex, products are split only where a test asks for `highest` there.
+        let exact_enough =
+            p == MatmulPrecision::High || crate::backend::runs_through_cubecl(&device);
+        let attended = if fused && exact_enough {
             self_attention::fused(qkv, self.num_heads)
         } else {
             self_attention::op_by_op(qkv, self.num_heads, p)

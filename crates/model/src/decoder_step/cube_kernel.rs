@@ -41,7 +41,7 @@ const BACKWARD_UNITS: u32 = 256;
 /// `units`, or fewer where the runtime runs fewer at once: CubeCL's CPU runtime gives each
 /// unit of a cube with barriers its own thread and spins at `sync_cube`, so more units
 /// than cores (2 here) made a step take minutes.
-fn cube_dim(client: &cubecl::client::Client, units: u32) -> CubeDim {
+pub(crate) fn cube_dim(client: &cubecl::client::Client, units: u32) -> CubeDim {
     CubeDim::new_1d(
         units
             .min(client.properties().hardware.max_units_per_cube)

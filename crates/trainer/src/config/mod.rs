@@ -124,7 +124,7 @@ pub struct AttentionConfig {
     #[serde(skip_serializing_if = "is_fused")]
     pub decoder_step: StepKernel,
     /// `fused` (the encoder's attention core as one operation where the backend has one:
-    /// flex) or `op-by-op`.
+    /// flex, cuda, cpu) or `op-by-op`.
     #[serde(skip_serializing_if = "is_fused")]
     pub encoder_attention: StepKernel,
     /// `high` (the device's own matrix products: TF32 on CUDA's tensor cores) or
