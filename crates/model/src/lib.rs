@@ -18,6 +18,8 @@ pub mod launches;
 mod linear;
 mod mask_kernel;
 pub mod matmul;
+#[cfg(any(feature = "cuda", feature = "cpu"))]
+mod norm_kernel;
 mod normalization;
 pub mod pointer_network;
 pub mod problem;

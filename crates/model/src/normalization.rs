@@ -14,9 +14,10 @@
 //! over all rows, instance norm over each instance's N rows (its nodes), with gamma and
 //! beta shared. The forward is three passes (mean, variance, output), the backward two.
 //!
-//! Only flex has it; batch norm only in training (with running statistics, inference is a
-//! per-feature scale and shift, which Burn does in one broadcast pass). Elsewhere Burn's
-//! modules run, which the tests compare against.
+//! flex runs it in plain Rust ([`kernel`]), CubeCL devices as a kernel each way
+//! (`crate::norm_kernel`); batch norm only in training (with running statistics, inference
+//! is a per-feature scale and shift, which Burn does in one broadcast pass). Elsewhere
+//! (ndarray) Burn's modules run, which the tests compare against.
 
 use burn::nn::{BatchNorm, InstanceNorm};
 use burn::tensor::Tensor;
@@ -28,7 +29,7 @@ use burn::tensor::Tensor;
 pub(crate) fn batch_norm(norm: &BatchNorm, x: Tensor<2>) -> Tensor<2> {
     let device = x.device();
     let training = device.is_autodiff() && norm.training.is_enabled();
-    if !(training && crate::backend::runs_on_flex(&device)) {
+    if !(training && fused_on(&device)) {
         return norm.forward(x);
     }
     let [rows, d] = x.dims();
@@ -56,7 +57,7 @@ pub(crate) fn batch_norm(norm: &BatchNorm, x: Tensor<2>) -> Tensor<2> {
 pub(crate) fn instance_norm(norm: &InstanceNorm, x: Tensor<3>) -> Tensor<3> {
     let [b, n, d] = x.dims();
     match (&norm.gamma, &norm.beta) {
-        (Some(gamma), Some(beta)) if crate::backend::runs_on_flex(&x.device()) => {
+        (Some(gamma), Some(beta)) if fused_on(&x.device()) => {
             let rows = x.reshape([b * n, d]);
             let (out, _, _) = fused(rows, gamma.val(), beta.val(), norm.epsilon, n);
             out.reshape([b, n, d])
@@ -66,13 +67,18 @@ pub(crate) fn instance_norm(norm: &InstanceNorm, x: Tensor<3>) -> Tensor<3> {
     }
 }
 
+/// Whether the fused normalisation runs on `device` (with or without autodiff): flex, and
+/// CubeCL devices (cuda, cpu).
+fn fused_on(device: &burn::tensor::Device) -> bool {
+    crate::backend::runs_on_flex(device) || crate::backend::runs_through_cubecl(device)
+}
+
 /// The rows normalised in groups of `group_rows` consecutive rows, and each group's mean
-/// and (biased) variance per feature, untracked; call it only where
-/// [`crate::backend::runs_on_flex`] holds.
+/// and (biased) variance per feature, untracked; call it only where [`fused_on`] holds.
 ///
 /// # Shapes
 /// - `x`: `[R, d]`, `gamma`, `beta`: `[d]` → `[R, d]`, `[G, d]`, `[G, d]` (G = R / group_rows)
-#[cfg(feature = "flex")]
+#[cfg(any(feature = "flex", feature = "cuda", feature = "cpu"))]
 fn fused(
     x: Tensor<2>,
     gamma: Tensor<1>,
@@ -95,7 +101,7 @@ fn fused(
     )
 }
 
-#[cfg(not(feature = "flex"))]
+#[cfg(not(any(feature = "flex", feature = "cuda", feature = "cpu")))]
 fn fused(
     _x: Tensor<2>,
     _gamma: Tensor<1>,
@@ -103,21 +109,27 @@ fn fused(
     _epsilon: f64,
     _group_rows: usize,
 ) -> (Tensor<2>, Tensor<2>, Tensor<2>) {
-    unreachable!("flex is not compiled in; check `runs_on_flex` first")
+    unreachable!("no backend with fused normalisation is compiled in; check `fused_on` first")
 }
 
-#[cfg(feature = "flex")]
+#[cfg(any(feature = "flex", feature = "cuda", feature = "cpu"))]
 use extension::NormBackend;
 
-#[cfg(feature = "flex")]
+#[cfg(any(feature = "flex", feature = "cuda", feature = "cpu"))]
 mod extension {
     use burn::backend::backend_extension;
     use burn::backend::tensor::FloatTensor;
 
     /// Normalisation over groups of rows, as a backend operation.
-    #[backend_extension(Autodiff: cfg(feature = "autodiff"), Flex: cfg(feature = "flex"))]
+    #[backend_extension(
+        Autodiff: cfg(feature = "autodiff"),
+        Flex: cfg(feature = "flex"),
+        Cube: cfg(any(feature = "cuda", feature = "cpu")),
+        Fusion: cfg(any(feature = "cuda", feature = "cpu"))
+    )]
     pub trait NormBackend: burn::backend::Backend {
         /// See [`super::fused`].
+        #[fusion(meta = super::cube_impl::norm_metadata)]
         fn norm_rows(
             x: FloatTensor<Self>,
             gamma: FloatTensor<Self>,
@@ -125,6 +137,184 @@ mod extension {
             epsilon: f64,
             group_rows: usize,
         ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+    }
+}
+
+#[cfg(any(feature = "cuda", feature = "cpu"))]
+mod cube_impl {
+    use burn::backend::backend_extension;
+    use burn::backend::fusion::custom::TensorSpec;
+    use burn::backend::tensor::FloatTensor;
+    use burn::tensor::Shape;
+    use burn_cubecl::CubeBackend;
+
+    use super::NormBackend;
+    use crate::norm_kernel;
+
+    /// The output `[R, d]` and the groups' statistics `[G, d]`, for Fusion.
+    pub(super) fn norm_metadata(
+        x: &TensorSpec,
+        _gamma: &TensorSpec,
+        _beta: &TensorSpec,
+        _epsilon: &f64,
+        group_rows: &usize,
+    ) -> (TensorSpec, TensorSpec, TensorSpec) {
+        let [rows, d] = x.shape.dims::<2>();
+        let (groups, _) = norm_kernel::group_sizes(rows, *group_rows);
+        let stats = || TensorSpec::new(Shape::new([groups, d]), x.dtype);
+        (TensorSpec::new(x.shape.clone(), x.dtype), stats(), stats())
+    }
+
+    /// The input's gradient `[R, d]` and the groups' shares of gamma's and beta's `[G, d]`.
+    #[allow(clippy::too_many_arguments)]
+    fn grads_metadata(
+        x: &TensorSpec,
+        _gamma: &TensorSpec,
+        mean: &TensorSpec,
+        _variance: &TensorSpec,
+        _grad_out: &TensorSpec,
+        _epsilon: &f32,
+        _group_rows: &usize,
+    ) -> (TensorSpec, TensorSpec, TensorSpec) {
+        let stats = || TensorSpec::new(mean.shape.clone(), x.dtype);
+        (TensorSpec::new(x.shape.clone(), x.dtype), stats(), stats())
+    }
+
+    /// The normalisation's backward pass on CubeCL, as its own operation: what the
+    /// autodiff backward of [`NormBackend::norm_rows`] runs there.
+    #[backend_extension(Cube, Fusion)]
+    pub trait NormGradsBackend: burn::backend::Backend {
+        /// The input's gradient and each group's share of gamma's and beta's, from the
+        /// output's `grad_out` and the forward's `mean` and `variance`.
+        #[allow(clippy::too_many_arguments)]
+        #[fusion(meta = grads_metadata)]
+        fn norm_rows_grads(
+            x: FloatTensor<Self>,
+            gamma: FloatTensor<Self>,
+            mean: FloatTensor<Self>,
+            variance: FloatTensor<Self>,
+            grad_out: FloatTensor<Self>,
+            epsilon: f32,
+            group_rows: usize,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+    }
+
+    impl NormBackend for CubeBackend {
+        fn norm_rows(
+            x: FloatTensor<Self>,
+            gamma: FloatTensor<Self>,
+            beta: FloatTensor<Self>,
+            epsilon: f64,
+            group_rows: usize,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+            let [out, mean, variance] =
+                norm_kernel::forward([x, gamma, beta], epsilon as f32, group_rows);
+            (out, mean, variance)
+        }
+    }
+
+    impl NormGradsBackend for CubeBackend {
+        fn norm_rows_grads(
+            x: FloatTensor<Self>,
+            gamma: FloatTensor<Self>,
+            mean: FloatTensor<Self>,
+            variance: FloatTensor<Self>,
+            grad_out: FloatTensor<Self>,
+            epsilon: f32,
+            group_rows: usize,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+            let inputs = [x, gamma, mean, variance, grad_out];
+            let [x_grad, gamma_grad, beta_grad] =
+                norm_kernel::backward(inputs, epsilon, group_rows);
+            (x_grad, gamma_grad, beta_grad)
+        }
+    }
+
+    #[cfg(feature = "autodiff")]
+    mod autodiff {
+        use burn::backend::autodiff::checkpoint::{
+            base::Checkpointer, strategy::CheckpointStrategy,
+        };
+        use burn::backend::autodiff::grads::Gradients;
+        use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+        use burn::backend::autodiff::Autodiff;
+        use burn::backend::ops::FloatTensorOps;
+        use burn::backend::tensor::FloatTensor;
+        use burn::backend::{AutodiffBackend, Cube, TensorMetadata};
+        use burn::tensor::Shape;
+
+        use super::{NormBackend, NormGradsBackend};
+
+        #[derive(Debug)]
+        struct CubeNormBackward;
+
+        impl Backward<Cube, 3> for CubeNormBackward {
+            /// The input, gamma, the groups' mean and variance, epsilon and the group size.
+            type State = ([FloatTensor<Cube>; 4], f32, usize);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 3>,
+                grads: &mut Gradients,
+                _: &mut Checkpointer,
+            ) {
+                let ([x, gamma, mean, variance], epsilon, group_rows) = ops.state;
+                let grad_out = grads.consume::<Cube>(&ops.node);
+                let (x_grad, gamma_grads, beta_grads) =
+                    Cube::norm_rows_grads(x, gamma, mean, variance, grad_out, epsilon, group_rows);
+                // The groups' shares summed (batch norm has one group).
+                let features = |per_group: FloatTensor<Cube>| {
+                    let d = per_group.shape().dims::<2>()[1];
+                    Cube::float_reshape(Cube::float_sum_dim(per_group, 0), Shape::from([d]))
+                };
+                let [x_node, gamma_node, beta_node] = ops.parents;
+                let per_parent = [
+                    (x_node, x_grad),
+                    (gamma_node, features(gamma_grads)),
+                    (beta_node, features(beta_grads)),
+                ];
+                for (node, grad) in per_parent {
+                    if let Some(node) = node {
+                        grads.register::<Cube>(node.id, grad);
+                    }
+                }
+            }
+        }
+
+        impl<C: CheckpointStrategy> NormBackend for Autodiff<Cube, C> {
+            fn norm_rows(
+                x: FloatTensor<Self>,
+                gamma: FloatTensor<Self>,
+                beta: FloatTensor<Self>,
+                epsilon: f64,
+                group_rows: usize,
+            ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+                let nodes = [x.node(), gamma.node(), beta.node()];
+                let (x, gamma) = (x.into_primitive(), gamma.into_primitive());
+                let (out, mean, variance) = Cube::norm_rows(
+                    x.clone(),
+                    gamma.clone(),
+                    beta.into_primitive(),
+                    epsilon,
+                    group_rows,
+                );
+                let untracked = |t: FloatTensor<Cube>| <Self as AutodiffBackend>::from_inner(t);
+                let state = (
+                    [x, gamma, mean.clone(), variance.clone()],
+                    epsilon as f32,
+                    group_rows,
+                );
+                let out = match CubeNormBackward
+                    .prepare::<C>(nodes)
+                    .compute_bound()
+                    .stateful()
+                {
+                    OpsKind::Tracked(prep) => prep.finish(state, out),
+                    OpsKind::UnTracked(prep) => prep.finish(out),
+                };
+                (out, untracked(mean), untracked(variance))
+            }
+        }
     }
 }
 
@@ -361,7 +551,7 @@ mod flex_impl {
     }
 }
 
-#[cfg(all(test, feature = "flex"))]
+#[cfg(all(test, any(feature = "flex", feature = "cpu")))]
 mod tests {
     use burn::module::Param;
     use burn::nn::{BatchNormConfig, InstanceNormConfig};
@@ -371,21 +561,22 @@ mod tests {
     use crate::backend::Backend;
     use crate::test_values::{assert_close, pseudo_random, read, weighted_loss_grads};
 
-    /// The flex device with autodiff, where the fused forms run in training.
-    fn training_device() -> Device {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
-        assert!(crate::backend::runs_on_flex(&device));
+    /// `backend`'s device with autodiff, where the fused forms run in training.
+    fn training_device(backend: Backend) -> Device {
+        let device = backend.device().unwrap();
+        assert!(fused_on(&device));
         device.autodiff()
     }
 
-    /// `outputs` of the fused form within 1e-5 of Burn's (relative to each tensor's
-    /// largest entry) at every size, on the training device.
+    /// `outputs` of the fused form within `tolerance` of Burn's (relative to each tensor's
+    /// largest entry) at every size, on `backend`'s training device.
     fn assert_fused_matches_burns<const S: usize, const K: usize>(
+        backend: Backend,
         sizes: &[[usize; S]],
         names: &[&str; K],
         outputs: fn(&Device, [usize; S], bool) -> [Vec<f32>; K],
     ) {
-        let device = training_device();
+        let device = training_device(backend);
         for &size in sizes {
             let ours = outputs(&device, size, true);
             let reference = outputs(&device, size, false);
@@ -433,24 +624,38 @@ mod tests {
         ]
     }
 
+    const BATCH_NORM_OUTPUTS: [&str; 6] = [
+        "output",
+        "input gradient",
+        "gamma gradient",
+        "beta gradient",
+        "running mean",
+        "running variance",
+    ];
+
+    /// The encoder's shapes, sizes that are not whole vectors, and one row (zero variance).
+    const BATCH_NORM_SIZES: [[usize; 2]; 4] = [[33, 128], [7, 5], [1408, 16], [1, 4]];
+
     /// Within 1e-5 of Burn's batch norm relative to each tensor's largest entry: output,
-    /// every gradient, and the running statistics; for the encoder's shapes, for sizes that
-    /// are not whole vectors, and for one row (zero variance).
+    /// every gradient, and the running statistics.
+    #[cfg(feature = "flex")]
     #[test]
     fn fused_batch_norm_matches_burns_with_gradients_and_running_statistics() {
-        let names = [
-            "output",
-            "input gradient",
-            "gamma gradient",
-            "beta gradient",
-            "running mean",
-            "running variance",
-        ];
-        let sizes = [[33, 128], [7, 5], [1408, 16], [1, 4]];
-        assert_fused_matches_burns(&sizes, &names, outputs);
+        let (sizes, names) = (&BATCH_NORM_SIZES, &BATCH_NORM_OUTPUTS);
+        assert_fused_matches_burns(Backend::Flex, sizes, names, outputs);
+    }
+
+    /// The CubeCL kernels on CubeCL's CPU runtime, against Burn's batch norm there.
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_batch_norm_matches_burns_with_gradients_and_running_statistics() {
+        let _alone = crate::test_values::one_cube_test_at_a_time();
+        let (sizes, names) = (&BATCH_NORM_SIZES, &BATCH_NORM_OUTPUTS);
+        assert_fused_matches_burns(Backend::Cpu, sizes, names, outputs);
     }
 
     /// Outside training (no autodiff) Burn's inference form runs, on the running statistics.
+    #[cfg(feature = "flex")]
     #[test]
     fn without_autodiff_the_running_statistics_are_used() {
         let device = Backend::default_compiled().unwrap().device().unwrap();
@@ -493,26 +698,39 @@ mod tests {
         ]
     }
 
+    const INSTANCE_NORM_OUTPUTS: [&str; 4] = [
+        "output",
+        "input gradient",
+        "gamma gradient",
+        "beta gradient",
+    ];
+
+    /// POMO's shapes (CVRP20, CVRP100), odd sizes, and one node per instance (zero
+    /// variance).
+    const INSTANCE_NORM_SIZES: [[usize; 3]; 4] = [[4, 21, 128], [2, 101, 16], [3, 7, 5], [5, 1, 4]];
+
     /// Within 1e-5 of Burn's instance norm relative to each tensor's largest entry: output
-    /// and every gradient; for POMO's shapes (CVRP20, CVRP100), odd sizes, and one node
-    /// per instance (zero variance).
+    /// and every gradient.
+    #[cfg(feature = "flex")]
     #[test]
     fn fused_instance_norm_matches_burns_with_gradients() {
-        let names = [
-            "output",
-            "input gradient",
-            "gamma gradient",
-            "beta gradient",
-        ];
-        let sizes = [[4, 21, 128], [2, 101, 16], [3, 7, 5], [5, 1, 4]];
-        assert_fused_matches_burns(&sizes, &names, instance_outputs);
+        let (sizes, names) = (&INSTANCE_NORM_SIZES, &INSTANCE_NORM_OUTPUTS);
+        assert_fused_matches_burns(Backend::Flex, sizes, names, instance_outputs);
+    }
+
+    /// The CubeCL kernels on CubeCL's CPU runtime, against Burn's instance norm there.
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_instance_norm_matches_burns_with_gradients() {
+        let _alone = crate::test_values::one_cube_test_at_a_time();
+        let (sizes, names) = (&INSTANCE_NORM_SIZES, &INSTANCE_NORM_OUTPUTS);
+        assert_fused_matches_burns(Backend::Cpu, sizes, names, instance_outputs);
     }
 
     /// Without autodiff (inference) the fused instance norm gives the output it gives in
     /// training.
-    #[test]
-    fn fused_instance_norm_runs_without_autodiff() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
+    fn assert_instance_norm_same_without_autodiff(backend: Backend) {
+        let device = backend.device().unwrap();
         let [b, n, d] = [3, 9, 8];
         let on = |device: &Device| {
             let x = TensorData::new(features(b * n, d), [b, n, d]);
@@ -520,5 +738,18 @@ mod tests {
             read(instance_norm(&instance_norm_of(d, device), x))
         };
         assert_eq!(on(&device), on(&device.clone().autodiff()));
+    }
+
+    #[cfg(feature = "flex")]
+    #[test]
+    fn fused_instance_norm_runs_without_autodiff() {
+        assert_instance_norm_same_without_autodiff(Backend::Flex);
+    }
+
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_instance_norm_runs_without_autodiff() {
+        let _alone = crate::test_values::one_cube_test_at_a_time();
+        assert_instance_norm_same_without_autodiff(Backend::Cpu);
     }
 }
