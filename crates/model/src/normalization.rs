@@ -34,18 +34,18 @@ pub(crate) fn batch_norm(norm: &BatchNorm, x: Tensor<2>) -> Tensor<2> {
     }
     let [rows, d] = x.dims();
     let (out, mean, variance) = fused(x, norm.gamma.val(), norm.beta.val(), norm.epsilon, rows);
-    // The same update as `BatchNorm::forward_train`.
+    // The same update as `BatchNorm::forward_train`. Reshaped first: on CubeCL a reshape
+    // ends a fused chain, and after them both updates fuse into one kernel.
+    let [mean, variance] = [mean, variance].map(|batch| batch.reshape([d]));
+    let [running_mean, running_var] = [&norm.running_mean, &norm.running_var]
+        .map(|running| running.value_sync().to_device(&device));
     let momentum = norm.momentum;
-    let update = |running: Tensor<1>, batch: Tensor<2>| {
-        let running = running.to_device(&device).mul_scalar(1.0 - momentum);
-        running
-            .add(batch.reshape([d]).mul_scalar(momentum))
-            .detach()
+    let update = |running: Tensor<1>, batch: Tensor<1>| {
+        let running = running.mul_scalar(1.0 - momentum);
+        running.add(batch.mul_scalar(momentum)).detach()
     };
-    let running_mean = update(norm.running_mean.value_sync(), mean);
-    let running_var = update(norm.running_var.value_sync(), variance);
-    norm.running_mean.update(running_mean);
-    norm.running_var.update(running_var);
+    norm.running_mean.update(update(running_mean, mean));
+    norm.running_var.update(update(running_var, variance));
     out
 }
 
@@ -262,10 +262,14 @@ mod cube_impl {
                 let grad_out = grads.consume::<Cube>(&ops.node);
                 let (x_grad, gamma_grads, beta_grads) =
                     Cube::norm_rows_grads(x, gamma, mean, variance, grad_out, epsilon, group_rows);
-                // The groups' shares summed (batch norm has one group).
+                // The groups' shares summed; batch norm's one group needs no launch for it.
                 let features = |per_group: FloatTensor<Cube>| {
-                    let d = per_group.shape().dims::<2>()[1];
-                    Cube::float_reshape(Cube::float_sum_dim(per_group, 0), Shape::from([d]))
+                    let [groups, d] = per_group.shape().dims::<2>();
+                    let total = match groups {
+                        1 => per_group,
+                        _ => Cube::float_sum_dim(per_group, 0),
+                    };
+                    Cube::float_reshape(total, Shape::from([d]))
                 };
                 let [x_node, gamma_node, beta_node] = ops.parents;
                 let per_parent = [
