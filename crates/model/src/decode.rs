@@ -190,7 +190,7 @@ pub(crate) fn rollout(
             (None, None, Some(noise)) => {
                 let uniform = noise.clone().slice_dim(1, step..step + 1); // [R, 1]
                 let log_p = log_p.clone().without_autodiff();
-                step_to(&mut state, sample_inverse_cdf(log_p, uniform, stable))
+                step_to(&mut state, sample_inverse_cdf(log_p, uniform))
             }
         }; // [R, 1]
         if options.log_likelihood {
@@ -418,21 +418,13 @@ pub(crate) fn repeat_rows<const D: usize>(t: Tensor<D>, times: usize) -> Tensor<
 /// # Shapes
 /// - `log_p`: `[R, N]`, `uniform`: `[R, 1]` in (0, 1) → `[R, 1]`
 ///
-/// With `fusable`, the same count without the expand and the boolean-to-integer cast,
-/// which each end a fused chain on CubeCL devices: the form those used before the state
-/// kernel chose there (`CvrpState::choose_and_step`), kept as the reference it is tested
-/// against.
-fn sample_inverse_cdf(log_p: Tensor<2>, uniform: Tensor<2>, fusable: bool) -> Tensor<2, Int> {
+/// On CubeCL devices the state kernel chooses instead (`CvrpState::choose_and_step`); this
+/// is the reference it is tested against.
+fn sample_inverse_cdf(log_p: Tensor<2>, uniform: Tensor<2>) -> Tensor<2, Int> {
     let [r, n] = log_p.dims();
     let cdf = log_p.exp().cumsum(1); // [R, N]
     let total = cdf.clone().slice_dim(1, n - 1..n); // [R, 1]
-    let below = match fusable {
-        true => {
-            let below = cdf.clone().lower(uniform * total); // [R, N], broadcast
-            Tensor::<2, Int>::zeros([r, n], &cdf.device()).mask_fill(below, 1)
-        }
-        false => cdf.lower((uniform * total).expand([r, n])).int(), // [R, N]
-    };
+    let below = cdf.lower((uniform * total).expand([r, n])).int(); // [R, N]
     below.sum_dim(1).clamp_max((n - 1) as i64) // [R, 1]
 }
 
@@ -454,20 +446,18 @@ mod tests {
 
     /// Inverting the CDF by hand: row 0 has probabilities 0.5, 0 (masked), 0.25, 0.25, so
     /// a uniform u picks the first node whose CDF reaches u: [0, 0.5] node 0, (0.5, 0.75]
-    /// node 2, (0.75, 1) node 3. Both forms agree, and neither picks the masked node.
+    /// node 2, (0.75, 1) node 3, never the masked node.
     #[test]
-    fn sampling_forms_pick_the_nodes_the_cdf_gives() {
+    fn sampling_picks_the_nodes_the_cdf_gives() {
         let device = Device::flex();
         let p = [0.5f32, 0.0, 0.25, 0.25];
         let uniforms = [0.01f32, 0.49, 0.5, 0.6, 0.74, 0.76, 0.99];
         let log_p: Vec<f32> = uniforms.iter().flat_map(|_| p.map(f32::ln)).collect();
         let log_p = Tensor::<2>::from_data(TensorData::new(log_p, [7, 4]), &device);
         let uniform = Tensor::<2>::from_data(TensorData::new(uniforms.to_vec(), [7, 1]), &device);
-        for fusable in [false, true] {
-            let picked = sample_inverse_cdf(log_p.clone(), uniform.clone(), fusable);
-            let picked: Vec<i64> = picked.into_data().iter::<i64>().collect();
-            assert_eq!(picked, [0, 0, 0, 2, 2, 3, 3], "fusable {fusable}");
-        }
+        let picked = sample_inverse_cdf(log_p, uniform);
+        let picked: Vec<i64> = picked.into_data().iter::<i64>().collect();
+        assert_eq!(picked, [0, 0, 0, 2, 2, 3, 3]);
     }
 
     /// On CubeCL's CPU runtime the state kernel chooses as the op-by-op forms do (Burn's
@@ -515,7 +505,7 @@ mod tests {
                 let expected = match &noise {
                     Some(u) => {
                         let uniform = u.clone().slice_dim(1, step..step + 1);
-                        sample_inverse_cdf(log_p.clone(), uniform, true)
+                        sample_inverse_cdf(log_p.clone(), uniform)
                     }
                     None => log_p.clone().argmax(1),
                 };
