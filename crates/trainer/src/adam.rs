@@ -123,7 +123,10 @@ impl Adam {
         mut grads: GradientsParams,
         max_norm: f64,
     ) -> Result<(M, Option<Tensor<1>>), TrainError> {
-        let mut gather = Gather::new(&mut grads, self.weight_decay.is_some());
+        // Joined, the parameters' values are joined too, so that their update is one
+        // operation rather than one per tensor.
+        let with_params = self.weight_decay.is_some() || self.joined;
+        let mut gather = Gather::new(&mut grads, with_params);
         model.visit(&mut gather);
         if gather.items.is_empty() {
             return Ok((model, None));
@@ -137,7 +140,7 @@ impl Adam {
             .unzip();
         let (grads, norm) = clip_global_norm(grads, max_norm);
         let grads = match self.weight_decay {
-            Some(penalty) => (grads.into_iter().zip(params))
+            Some(penalty) => (grads.into_iter().zip(params.clone()))
                 .map(|(g, p)| match p {
                     Some(p) => p.mul_scalar(penalty).add(g),
                     None => g,
@@ -145,11 +148,17 @@ impl Adam {
                 .collect(),
             None => grads,
         };
-        let deltas = (self.update(slots, grads)?.into_iter())
-            .map(|d| d.mul_scalar(lr))
-            .collect(); // [P] a segment
+        let updates = (self.update(slots, grads)?.into_iter().zip(params))
+            .map(|(direction, values)| {
+                let delta = direction.mul_scalar(lr); // [P] a segment
+                match values {
+                    Some(values) if self.joined => SegmentUpdate::Values(values - delta),
+                    _ => SegmentUpdate::Delta(delta),
+                }
+            })
+            .collect();
         let moments = self.moments.as_ref().expect("set by update");
-        let model = model.map(&mut Subtract::new(&moments.segments, deltas));
+        let model = model.map(&mut Subtract::new(&moments.segments, updates));
         Ok((model, Some(norm)))
     }
 
@@ -332,20 +341,28 @@ impl ModuleVisitor for Gather<'_> {
     }
 }
 
-/// Subtracts each parameter's slice of its segment's update, outside the autodiff graph,
-/// and puts the parameter back as it was (trainable, same checkpointing strategy).
+/// A segment's update: the step its parameters subtract, or (joined) their new values,
+/// each parameter's a slice, which CubeCL makes a view where its offset is aligned.
+enum SegmentUpdate {
+    Delta(Tensor<1>),  // [P]
+    Values(Tensor<1>), // [P]
+}
+
+/// Subtracts each parameter's slice of its segment's update (or takes its slice of the new
+/// values), outside the autodiff graph, and puts the parameter back as it was (trainable,
+/// same checkpointing strategy).
 struct Subtract {
     slots: HashMap<ParamId, (usize, std::ops::Range<usize>, Shape)>,
-    deltas: Vec<Tensor<1>>, // [P] a segment
+    updates: Vec<SegmentUpdate>,
 }
 
 impl Subtract {
-    fn new(segments: &[Segment], deltas: Vec<Tensor<1>>) -> Self {
+    fn new(segments: &[Segment], updates: Vec<SegmentUpdate>) -> Self {
         let slots = (segments.iter().enumerate())
             .flat_map(|(i, seg)| seg.slots.iter().map(move |s| (i, s)))
             .map(|(i, s)| (s.id, (i, s.range(), Shape::from(s.dims.clone()))))
             .collect();
-        Self { slots, deltas }
+        Self { slots, updates }
     }
 }
 
@@ -355,14 +372,18 @@ impl ModuleMapper for Subtract {
         let Some((segment, range, shape)) = self.slots.get(&id) else {
             return Param::from_mapped_value(id, tensor, mapper);
         };
-        let delta = self.deltas[*segment].clone();
-        let delta: Tensor<D> = match range.len() == delta.dims()[0] {
-            true => delta.reshape(shape.clone()),
-            false => delta.slice(range.clone()).reshape(shape.clone()),
+        let slice = |whole: &Tensor<1>| -> Tensor<D> {
+            match range.len() == whole.dims()[0] {
+                true => whole.clone().reshape(shape.clone()),
+                false => whole.clone().slice(range.clone()).reshape(shape.clone()),
+            }
         };
         let strategy = tensor.gradient_checkpointing_strategy();
         let trainable = tensor.is_require_grad();
-        let mut updated = Tensor::from_inner(tensor.inner() - delta);
+        let mut updated = Tensor::from_inner(match &self.updates[*segment] {
+            SegmentUpdate::Delta(delta) => tensor.inner() - slice(delta),
+            SegmentUpdate::Values(values) => slice(values),
+        });
         if let Some(strategy) = strategy {
             updated = updated.with_gradient_checkpointing_strategy(strategy);
         }
