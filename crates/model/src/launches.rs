@@ -74,6 +74,11 @@ impl ByKernel {
         Self(out)
     }
 
+    /// Every kernel's launches (and device time) together.
+    pub fn total(&self) -> Issued {
+        self.0.values().fold(Issued::default(), |a, &b| a + b)
+    }
+
     /// The kernels launched most often first (ties by name).
     pub fn most_launched(&self) -> Vec<(&str, Issued)> {
         let mut v: Vec<_> = self.0.iter().map(|(k, t)| (k.as_str(), *t)).collect();

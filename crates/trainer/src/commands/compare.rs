@@ -197,13 +197,25 @@ pub fn run(args: CompareArgs) -> Result<ExitCode, TrainError> {
 const COUNTS_DIR: &str = "compile-counts";
 
 /// What CubeCL explored and tuned in step 1, step 2 and steps 3..K, and the kernels each
-/// of the training steps' phases launched in steps 3..K.
+/// of the training steps' phases launched in steps 3..K, and those launched outside every
+/// phase (work a phase queued and fusion ran after it ended, between two phases).
 #[derive(Debug, Clone)]
 struct StepCompiles {
     first: CompileCounts,
     second: CompileCounts,
     later: CompileCounts,
     later_kernels: Vec<(Phase, ByKernel)>,
+    later_outside: ByKernel,
+}
+
+/// The compile counters after a step, the kernels launched so far in each of a training
+/// step's phases (not in validation or the end-of-epoch baseline test), and outside every
+/// phase.
+#[derive(Debug, Clone)]
+struct CountsAfterStep {
+    compiles: CompileCounts,
+    by_phase: Vec<(Phase, ByKernel)>,
+    outside: ByKernel,
 }
 
 /// The config as K epochs of one batch: each step's loss and cost become a metrics row.
@@ -379,24 +391,27 @@ fn train_counting(
         .clone();
     let at = |k: usize| &counts[k.min(counts.len() - 1)];
     let last = counts.len() - 1;
+    let compiles = |k: usize| at(k).compiles;
     Ok((
         steps,
         Some(StepCompiles {
-            first: at(1).0.since(at(0).0),
-            second: at(2).0.since(at(1).0),
-            later: at(last).0.since(at(2.min(last)).0),
-            later_kernels: kernels_since(&at(last).1, &at(2.min(last)).1),
+            first: compiles(1).since(compiles(0)),
+            second: compiles(2).since(compiles(1)),
+            later: compiles(last).since(compiles(2.min(last))),
+            later_kernels: kernels_since(&at(last).by_phase, &at(2.min(last)).by_phase),
+            later_outside: at(last).outside.since(&at(2.min(last)).outside),
         }),
     ))
 }
 
-/// The compile counters so far, and the kernels launched so far in each of a training
-/// step's phases (not in validation or the end-of-epoch baseline test).
-fn counts_after_step(counts_dir: &Path) -> (CompileCounts, Vec<(Phase, ByKernel)>) {
-    let by_phase = Phase::step_phases()
-        .map(|p| (p, launches::by_kernel(|label| label == p.launch_label())))
-        .collect();
-    (CompileCounts::read(counts_dir), by_phase)
+fn counts_after_step(counts_dir: &Path) -> CountsAfterStep {
+    CountsAfterStep {
+        compiles: CompileCounts::read(counts_dir),
+        by_phase: Phase::step_phases()
+            .map(|p| (p, launches::by_kernel(|label| label == p.launch_label())))
+            .collect(),
+        outside: launches::by_kernel(|label| label == 0),
+    }
 }
 
 /// Each phase's kernels launched between `earlier` and `now`.
@@ -494,26 +509,35 @@ fn launch_table(reports: &[BackendReport], timed: bool) -> String {
         );
         let phases: Vec<Phase> = Phase::step_phases().collect();
         let names: Vec<&str> = phases.iter().map(|p| p.name()).collect();
-        let _ = writeln!(s, "| {} | step |", names.join(" | "));
-        let _ = writeln!(s, "|{}---|", "---|".repeat(phases.len()));
-        let cells: Vec<String> = phases.iter().map(|&p| cell(summed(p))).collect();
-        let total = phases.iter().fold(Issued::default(), |a, &p| a + summed(p));
+        let _ = writeln!(s, "| {} | {OUTSIDE} | step |", names.join(" | "));
+        let _ = writeln!(s, "|{}---|---|", "---|".repeat(phases.len()));
+        let mut cells: Vec<String> = phases.iter().map(|&p| cell(summed(p))).collect();
+        let outside = compiles.later_outside.total();
+        cells.push(cell(outside));
+        let total = phases.iter().fold(outside, |a, &p| a + summed(p));
         let _ = writeln!(s, "| {} | {} |", cells.join(" | "), cell(total));
-        s.push_str(&most_launched_table(&compiles.later_kernels, k, timed));
+        let mut columns: Vec<(&str, &ByKernel)> = (compiles.later_kernels.iter())
+            .map(|(p, k)| (p.name(), k))
+            .collect();
+        columns.push((OUTSIDE, &compiles.later_outside));
+        s.push_str(&most_launched_table(&columns, k, timed));
     }
     s
 }
 
+/// The launch table's column for kernels launched between phases.
+const OUTSIDE: &str = "between phases";
+
 /// The kernels launched most per step (of `steps`), with the phases that launched them: a
-/// column for each phase that launched any, then the total (and its device milliseconds
-/// when timed).
-fn most_launched_table(by_phase: &[(Phase, ByKernel)], steps: f64, timed: bool) -> String {
-    let phases: Vec<&(Phase, ByKernel)> =
+/// column for each phase (or [`OUTSIDE`]) that launched any, then the total (and its device
+/// milliseconds when timed).
+fn most_launched_table(by_phase: &[(&str, &ByKernel)], steps: f64, timed: bool) -> String {
+    let phases: Vec<&(&str, &ByKernel)> =
         by_phase.iter().filter(|(_, k)| !k.0.is_empty()).collect();
     let total = phases
         .iter()
         .fold(ByKernel::default(), |a, (_, k)| a.plus(k));
-    let names: Vec<&str> = phases.iter().map(|(p, _)| p.name()).collect();
+    let names: Vec<&str> = phases.iter().map(|(p, _)| *p).collect();
     let mut s = format!(
         "\nmost launched, per step:\n\n| kernel | {} | all |{}\n|---|{}---|{}\n",
         names.join(" | "),
@@ -759,6 +783,7 @@ mod tests {
             second: counts(5, 0),
             later,
             later_kernels: vec![],
+            later_outside: ByKernel::default(),
         };
         let mut once = report(Backend::Cpu, vec![], vec![]);
         once.compiles = Some(steps(counts(0, 0)));
@@ -828,17 +853,21 @@ mod tests {
                 (Phase::Baseline, ByKernel::default()),
                 (Phase::Backward, backward),
             ],
+            later_outside: kernels(&[("SubOp", tally(60, 3))]),
         });
         let table = launch_table(std::slice::from_ref(&r), true);
-        assert!(table.contains("| 0 (0.00 ms) | 0 (0.00 ms) | 150 (1.50 ms) | 0 (0.00 ms) | 0 (0.00 ms) | 50 (0.50 ms) | 0 (0.00 ms) | 200 (2.00 ms) |"), "{table}");
+        // The launches between phases (30 a step) are a column of their own, and in the step.
+        assert!(table.contains("| 0 (0.00 ms) | 0 (0.00 ms) | 150 (1.50 ms) | 0 (0.00 ms) | 0 (0.00 ms) | 50 (0.50 ms) | 0 (0.00 ms) | 30 (1.50 ms) | 230 (3.50 ms) |"), "{table}");
         let fused = table
-            .find("| FusedElemwise | 100.0 | 50.0 | 150.0 | 1.500 |")
+            .find("| FusedElemwise | 100.0 | 50.0 | 0.0 | 150.0 | 1.500 |")
             .expect(&table);
-        let step = table.find("| StepKernel | 20.0 | 0.0 | 20.0 | 4.000 |");
+        let sub = table.find("| SubOp | 0.0 | 0.0 | 30.0 | 30.0 | 1.500 |");
+        let step = table.find("| StepKernel | 20.0 | 0.0 | 0.0 | 20.0 | 4.000 |");
+        assert!(fused < sub.expect(&table), "{table}");
         assert!(fused < step.expect(&table), "{table}");
         // Phases that launched nothing get no column.
         assert!(
-            table.contains("| kernel | forward | backward | all | ms |"),
+            table.contains("| kernel | forward | backward | between phases | all | ms |"),
             "{table}"
         );
         assert!(launch_table(&[report(Backend::Flex, vec![], vec![])], false).is_empty());
