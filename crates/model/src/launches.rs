@@ -101,12 +101,15 @@ impl std::fmt::Debug for Watch {
 }
 
 /// Starts counting launches (and timing each, with `timed`); `None` when no CubeCL
-/// backend is compiled in, as nothing else launches kernels.
+/// backend is compiled in, as nothing else launches kernels. With the environment variable
+/// `ROUTEBURN_LAUNCH_TRACE` set, each launch is also written to stderr, in order, as
+/// `launch <label> <kernel>`: what a phase's count is made of.
 pub fn watch(timed: bool) -> Option<Watch> {
     #[cfg(any(feature = "cuda", feature = "cpu"))]
     {
         use std::sync::Arc;
-        let observer = Arc::new(observe::Counter { timed });
+        let traced = std::env::var_os("ROUTEBURN_LAUNCH_TRACE").is_some();
+        let observer = Arc::new(observe::Counter { timed, traced });
         Some(Watch {
             _observation: burn::cubecl::logging::LaunchObservation::new(observer),
         })
@@ -176,10 +179,14 @@ mod observe {
 
     pub(super) struct Counter {
         pub(super) timed: bool,
+        pub(super) traced: bool,
     }
 
     impl LaunchObserver for Counter {
         fn launched(&self, kernel: &'static str) {
+            if self.traced {
+                eprintln!("launch {} {kernel}", super::LABEL.load(Ordering::Relaxed));
+            }
             LAUNCHES.fetch_add(1, Ordering::Relaxed);
             let mut map = BY_KERNEL.lock().unwrap_or_else(PoisonError::into_inner);
             map.get_or_insert_with(HashMap::new)

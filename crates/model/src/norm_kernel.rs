@@ -21,8 +21,15 @@ use burn_cubecl::tensor::CubeTensor;
 
 use crate::decoder_step::cube_dim;
 
-/// Units per cube (a feature of one group) on a GPU, and the shared partial sums' size.
+/// Units per cube (a feature of one group) on a GPU at most, and the shared partial sums'
+/// size.
 const UNITS: usize = 256;
+
+/// Units for groups of `group_rows` rows: a unit a row up to [`UNITS`], in whole warps
+/// (POMO's instance norm has groups of N + 1 rows).
+fn units_for(group_rows: usize) -> u32 {
+    group_rows.next_multiple_of(32).clamp(32, UNITS) as u32
+}
 
 /// `group_rows` clamped to the rows, as flex's: the groups' count and size.
 pub(crate) fn group_sizes(rows: usize, group_rows: usize) -> (usize, usize) {
@@ -58,7 +65,7 @@ pub(crate) fn forward(
     norm_rows_kernel::launch(
         &client,
         CubeCount::Static((groups * d) as u32, 1, 1),
-        cube_dim(&client, UNITS as u32),
+        cube_dim(&client, units_for(group_rows)),
         x.clone().into_tensor_arg(),
         gamma.into_tensor_arg(),
         beta.into_tensor_arg(),
@@ -94,7 +101,7 @@ pub(crate) fn backward(
     norm_rows_backward_kernel::launch(
         &client,
         CubeCount::Static((groups * d) as u32, 1, 1),
-        cube_dim(&client, UNITS as u32),
+        cube_dim(&client, units_for(group_rows)),
         x.clone().into_tensor_arg(),
         gamma.into_tensor_arg(),
         mean.into_tensor_arg(),

@@ -159,26 +159,24 @@ impl CvrpState {
                 (fractions, capacity.ones_like(), 0.0)
             }
         };
+        // One arange for all three: on CubeCL each is three launches (a fill, a cumulative
+        // sum and an affine map).
+        let node_ids = Tensor::<1, Int>::arange(0..n as i64, &device).reshape([1, n]); // [1, N]
         Self {
             visited: match fusable {
                 true => Visited::Ones {
                     served: Tensor::zeros([b, n], &device),
-                    is_customer: Tensor::<1, Int>::arange(0..n as i64, &device)
-                        .reshape([1, n])
-                        .clamp_max(1)
-                        .float(),
+                    is_customer: node_ids.clone().clamp_max(1).float(),
                     kernel: crate::backend::runs_through_cubecl(&device).then(|| StepKernelState {
                         last: None,
-                        bool_like: Tensor::<1, Int>::arange(0..n as i64, &device)
-                            .reshape([1, n])
-                            .greater_elem(0),
+                        bool_like: node_ids.clone().greater_elem(0),
                     }),
                 },
                 false => Visited::Flags(Tensor::<2>::zeros([b, n], &device).bool()),
             },
             used_capacity: Tensor::zeros([b, 1], &device),
             last_node: Tensor::zeros([b, 1], &device),
-            node_ids: Tensor::<1, Int>::arange(0..n as i64, &device).reshape([1, n]),
+            node_ids,
             demands,
             capacity,
             tolerance,

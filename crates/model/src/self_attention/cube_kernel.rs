@@ -30,9 +30,14 @@ use burn_cubecl::tensor::CubeTensor;
 
 use crate::decoder_step::cube_dim;
 
-/// Units per cube (a head of one instance) on a GPU: CVRP50's 51 rows in one pass,
-/// CVRP100's 101 in two.
-const UNITS: u32 = 64;
+/// Units per cube (a head of one instance) on a GPU at most: CVRP100's 101 rows in one
+/// pass.
+const UNITS: usize = 128;
+
+/// Units for `nodes` rows: a unit a row up to [`UNITS`], in whole warps.
+fn units_for(nodes: usize) -> u32 {
+    nodes.next_multiple_of(32).clamp(32, UNITS) as u32
+}
 
 /// Static shared memory a CUDA block gets (48 KiB), in f32s: the backward keeps two per
 /// node.
@@ -74,7 +79,7 @@ pub(crate) fn forward(qkv: CubeTensor, heads: usize) -> CubeTensor {
     self_attention_kernel::launch(
         &client,
         CubeCount::Static((b * heads) as u32, 1, 1),
-        cube_dim(&client, UNITS),
+        cube_dim(&client, units_for(n)),
         qkv.clone().into_tensor_arg(),
         output.clone().into_tensor_arg(),
         (head_dim as f32).sqrt(),
@@ -103,7 +108,7 @@ pub(crate) fn backward(qkv: CubeTensor, grad_out: CubeTensor, heads: usize) -> C
     self_attention_backward_kernel::launch(
         &client,
         CubeCount::Static((b * heads) as u32, 1, 1),
-        cube_dim(&client, UNITS),
+        cube_dim(&client, units_for(n)),
         qkv.clone().into_tensor_arg(),
         grad_out.into_tensor_arg(),
         grad.clone().into_tensor_arg(),
