@@ -493,13 +493,32 @@ fn step_row<F: Float, M: Int>(
     }
 }
 
+/// Rows a cube of the backward takes at least before an instance's rows are shared among
+/// several cubes.
+const ROWS_PER_CUBE: usize = 64;
+
+/// Cubes the backward shares instances' rows among at most: a few waves of a GPU's
+/// ~130 multiprocessors.
+const MAX_BACKWARD_CUBES: usize = 1024;
+
+/// How many cubes share each of `instances` instances' `rows` rows: 1 where they fit one
+/// cube (a training decode of one start an instance), more for a scored POMO decode's
+/// S·K rows (n = 100: 64 instances of ~20,000 rows would be 64 cubes walking 20,000
+/// rows each).
+fn row_chunks(instances: usize, rows: usize) -> usize {
+    let room = (MAX_BACKWARD_CUBES / instances.max(1)).max(1);
+    rows.div_ceil(ROWS_PER_CUBE).clamp(1, room)
+}
+
 /// Gradients of the step's query `[B, S, d]` and of its glimpse keys, glimpse values and
 /// logit keys, node-major `[B, N, d]`, from the gradient of its log-probabilities.
 ///
-/// One cube per instance: its rows one after another (each recomputes its forward pass
-/// in shared memory), and each entry of the instance's key, value and logit-key gradients
-/// owned by one unit, which adds the rows' terms in row order. No atomics, so the sums
-/// are the same on every run.
+/// An instance's rows are shared among [`row_chunks`] cubes, each taking a run of them one
+/// after another (each row recomputes its forward pass in shared memory); each entry of
+/// the key, value and logit-key gradients is owned by one unit of a cube, which adds its
+/// rows' terms in row order. With several cubes an instance, each writes its partial sums
+/// (`[B, C, N, d]`), which are then summed over its C cubes in order. No atomics, so the
+/// sums are the same on every run.
 ///
 /// # Shapes
 /// - `query`: `[B, S, d]`, `by_feature`: `[B, 3d, Np]`, `mask`, `log_probs` and
@@ -517,17 +536,18 @@ pub(crate) fn backward(
     let empty = |shape: Shape| {
         empty_device_contiguous_dtype(query.client.clone(), query.device.clone(), shape, float)
     };
+    let chunks = row_chunks(b, s);
     let grads = [
         empty(Shape::new([b, s, d])),
-        empty(Shape::new([b, nodes, d])),
-        empty(Shape::new([b, nodes, d])),
-        empty(Shape::new([b, nodes, d])),
+        empty(Shape::new([b, chunks, nodes, d])),
+        empty(Shape::new([b, chunks, nodes, d])),
+        empty(Shape::new([b, chunks, nodes, d])),
     ];
     let [d_query, d_keys, d_values, d_logit_keys] = grads.clone();
     let client = query.client.clone();
     decoder_step_backward_kernel::launch(
         &client,
-        CubeCount::Static(b as u32, 1, 1),
+        CubeCount::Static((b * chunks) as u32, 1, 1),
         cube_dim(&client, BACKWARD_UNITS),
         query.into_tensor_arg(),
         by_feature.into_tensor_arg(),
@@ -540,13 +560,25 @@ pub(crate) fn backward(
         d_logit_keys.into_tensor_arg(),
         tanh_clipping / temperature,
         s as u32,
+        chunks as u32,
         nodes as u32,
         heads,
         d / heads,
         padded_nodes,
         [dtype_to_storage_type(float), dtype_to_storage_type(boolean)],
     );
-    grads
+    let [d_query, node_major @ ..] = grads;
+    let summed = node_major.map(|partial| {
+        use burn::backend::ops::FloatTensorOps;
+        use burn_cubecl::CubeBackend;
+        let total = match chunks {
+            1 => partial,
+            _ => CubeBackend::float_sum_dim(partial, 1),
+        };
+        CubeBackend::float_reshape(total, Shape::new([b, nodes, d]))
+    });
+    let [d_keys, d_values, d_logit_keys] = summed;
+    [d_query, d_keys, d_values, d_logit_keys]
 }
 
 /// `grad[index] = term` for a row's first start, `+= term` after (the sum in f32, stored
@@ -574,6 +606,7 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
     d_logit_keys: &mut Tensor<F>,
     slope: f32,
     starts: u32,
+    chunks: u32,
     node_count: u32,
     #[comptime] heads: usize,
     #[comptime] head_dim: usize,
@@ -582,10 +615,28 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
 ) {
     let d = heads * head_dim;
     let nodes = node_count as usize;
-    let instance = CUBE_POS_X as usize;
+    let (instance, chunk) = (
+        CUBE_POS_X as usize / chunks as usize,
+        CUBE_POS_X as usize % chunks as usize,
+    );
     let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
-    // The instance's node-major gradients, `[B, N, d]` contiguous.
-    let node_major = instance * nodes * d;
+    // The cube's node-major partial gradients, `[B, C, N, d]` contiguous.
+    let node_major = CUBE_POS_X as usize * nodes * d;
+    // The cube's run of the instance's rows: C runs as even as whole rows allow.
+    let per_chunk = (starts as usize).div_ceil(chunks as usize);
+    let first_start = chunk * per_chunk;
+    let end = (first_start + per_chunk).min(starts as usize);
+    // A run past the rows (none at the sizes `row_chunks` gives, but the sum reads it)
+    // adds zeros.
+    if first_start >= end {
+        let mut i = unit;
+        while i < nodes * d {
+            d_keys[node_major + i] = F::new(0.0);
+            d_values[node_major + i] = F::new(0.0);
+            d_logit_keys[node_major + i] = F::new(0.0);
+            i += units;
+        }
+    }
 
     // Attention weights and their gradients by (head, node), the glimpse and its gradient
     // by feature, the raw logits' gradient by node; per-head dots, then Σg at `heads`.
@@ -596,10 +647,10 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
     let mut d_raw = Shared::new_slice(padded_nodes);
     let mut sums = Shared::new_slice(heads + 1);
 
-    for start in 0..starts as usize {
+    for start in first_start..end {
         let row = instance * starts as usize + start;
         let at = row_at(query, by_feature, mask, instance, start, row, nodes);
-        let first = start == 0;
+        let first = start == first_start;
         // log_softmax's Σg over every entry, as the composed form takes it (read after
         // `attend`'s barriers).
         if unit == 0 {
@@ -726,7 +777,31 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
 
 #[cfg(test)]
 mod tests {
-    use super::fits;
+    use super::{fits, row_chunks};
+
+    /// By hand: tiny_1's scored decode (512 instances of ~20 rows) in one cube each; POMO
+    /// at n = 20 (64 × ~800 rows) in 13, at n = 100 (64 × ~20,000) in 1,024 / 64 = 16; the
+    /// cube test's multi-start case (5 × 153) in 3. Every cube's run of rows is non-empty.
+    #[test]
+    fn backward_rows_are_shared_among_cubes() {
+        for ((instances, rows), chunks) in [
+            ((512, 20), 1),
+            ((64, 800), 13),
+            ((64, 20_000), 16),
+            ((5, 153), 3),
+            ((3, 0), 1),
+            ((2_000, 5_000), 1),
+        ] {
+            assert_eq!(row_chunks(instances, rows), chunks, "{instances} × {rows}");
+        }
+        for instances in [1, 7, 64, 512] {
+            for rows in 1..3_000 {
+                let chunks = row_chunks(instances, rows);
+                let per_chunk = rows.div_ceil(chunks);
+                assert!((chunks - 1) * per_chunk < rows, "{instances} × {rows}");
+            }
+        }
+    }
 
     /// By hand, at 8 heads and d = 128 (12,288 floats): the forward needs 9·Np + 129 floats,
     /// so Np = 1,344 (12,225) fits and 1,352 (12,297) does not; training needs
