@@ -501,13 +501,16 @@ const ROWS_PER_CUBE: usize = 64;
 /// ~130 multiprocessors.
 const MAX_BACKWARD_CUBES: usize = 1024;
 
-/// How many cubes share each of `instances` instances' `rows` rows: 1 where they fit one
-/// cube (a training decode of one start an instance), more for a scored POMO decode's
-/// S·K rows (n = 100: 64 instances of ~20,000 rows would be 64 cubes walking 20,000
-/// rows each).
-fn row_chunks(instances: usize, rows: usize) -> usize {
+/// How many cubes share each of `instances` instances' `rows` rows, and the run of rows a
+/// cube takes (the last run may be shorter, none is empty): 1 cube where they fit one (a
+/// training decode of one start an instance), more for a scored POMO decode's S·K rows
+/// (n = 100: 64 instances of ~20,000 rows would be 64 cubes walking 20,000 rows each).
+fn row_chunks(instances: usize, rows: usize) -> (usize, usize) {
     let room = (MAX_BACKWARD_CUBES / instances.max(1)).max(1);
-    rows.div_ceil(ROWS_PER_CUBE).clamp(1, room)
+    let wanted = rows.div_ceil(ROWS_PER_CUBE).clamp(1, room);
+    // The runs' length, then as many runs as that length needs: none is empty.
+    let per_cube = rows.div_ceil(wanted).max(1);
+    (rows.div_ceil(per_cube).max(1), per_cube)
 }
 
 /// Gradients of the step's query `[B, S, d]` and of its glimpse keys, glimpse values and
@@ -536,7 +539,7 @@ pub(crate) fn backward(
     let empty = |shape: Shape| {
         empty_device_contiguous_dtype(query.client.clone(), query.device.clone(), shape, float)
     };
-    let chunks = row_chunks(b, s);
+    let (chunks, rows_per_cube) = row_chunks(b, s);
     let grads = [
         empty(Shape::new([b, s, d])),
         empty(Shape::new([b, chunks, nodes, d])),
@@ -561,6 +564,7 @@ pub(crate) fn backward(
         tanh_clipping / temperature,
         s as u32,
         chunks as u32,
+        rows_per_cube as u32,
         nodes as u32,
         heads,
         d / heads,
@@ -607,6 +611,7 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
     slope: f32,
     starts: u32,
     chunks: u32,
+    rows_per_cube: u32,
     node_count: u32,
     #[comptime] heads: usize,
     #[comptime] head_dim: usize,
@@ -622,21 +627,9 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
     let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
     // The cube's node-major partial gradients, `[B, C, N, d]` contiguous.
     let node_major = CUBE_POS_X as usize * nodes * d;
-    // The cube's run of the instance's rows: C runs as even as whole rows allow.
-    let per_chunk = (starts as usize).div_ceil(chunks as usize);
-    let first_start = chunk * per_chunk;
-    let end = (first_start + per_chunk).min(starts as usize);
-    // A run past the rows (none at the sizes `row_chunks` gives, but the sum reads it)
-    // adds zeros.
-    if first_start >= end {
-        let mut i = unit;
-        while i < nodes * d {
-            d_keys[node_major + i] = F::new(0.0);
-            d_values[node_major + i] = F::new(0.0);
-            d_logit_keys[node_major + i] = F::new(0.0);
-            i += units;
-        }
-    }
+    // The cube's run of the instance's rows (`row_chunks`: none is empty).
+    let first_start = chunk * rows_per_cube as usize;
+    let end = (first_start + rows_per_cube as usize).min(starts as usize);
 
     // Attention weights and their gradients by (head, node), the glimpse and its gradient
     // by feature, the raw logits' gradient by node; per-head dots, then Σg at `heads`.
@@ -792,13 +785,27 @@ mod tests {
             ((3, 0), 1),
             ((2_000, 5_000), 1),
         ] {
-            assert_eq!(row_chunks(instances, rows), chunks, "{instances} × {rows}");
+            assert_eq!(
+                row_chunks(instances, rows).0,
+                chunks,
+                "{instances} × {rows}"
+            );
         }
+        // One instance of 100,000 rows: 1,024 runs of 98 would leave the last three empty;
+        // 1,021 runs of 98 cover them.
+        assert_eq!(row_chunks(1, 100_000), (1_021, 98));
         for instances in [1, 7, 64, 512] {
-            for rows in 1..3_000 {
-                let chunks = row_chunks(instances, rows);
-                let per_chunk = rows.div_ceil(chunks);
-                assert!((chunks - 1) * per_chunk < rows, "{instances} × {rows}");
+            for rows in (1..3_000).chain([20_000, 65_537, 100_000, 1_000_000]) {
+                let (chunks, per_cube) = row_chunks(instances, rows);
+                assert!(
+                    chunks * per_cube >= rows,
+                    "{instances} × {rows}: rows left out"
+                );
+                assert!(
+                    (chunks - 1) * per_cube < rows,
+                    "{instances} × {rows}: an empty run"
+                );
+                assert!(chunks <= 1_024 / instances.max(1) || chunks == 1);
             }
         }
     }
