@@ -52,10 +52,37 @@ pub(crate) fn configure(gpu: bool) {
     use burn::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
     // `false`: set before (by `count_compiles_in`) or already read; it stays as it is.
     let _ = CubeClRuntimeConfig::try_set(cubecl_runtime_config(None));
+    keep_products_apart_from_their_epilogues();
     if gpu {
         announce_an_empty_cache();
     }
 }
+
+/// Takes Burn's matmul fusion out of every CubeCL stream (unless `ROUTEBURN_FUSE_MATMUL=1`),
+/// once, before the first stream exists (later, the registry refuses and nothing changes).
+///
+/// With it, a product and the elementwise operations after it (a bias, a skip connection,
+/// a relu) become one cubek matmul with those operations as its epilogue, autotuned anew
+/// for every (shape, operation count): ~15 more candidate kernels compiled per linear layer
+/// in a first step, and on the `cpu` stand-in a first step that had not ended after 20
+/// minutes of timing candidates. Without it, those operations still fuse into one kernel
+/// after the product's: a launch more per layer, and no new autotune keys.
+#[cfg(any(feature = "cuda", feature = "cpu"))]
+fn keep_products_apart_from_their_epilogues() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var("ROUTEBURN_FUSE_MATMUL").is_ok_and(|v| v == "1") {
+            return;
+        }
+        // `ServiceRunning` only: another device started the fusion service first.
+        let _ = burn_cubecl::fusion::remove(MATMUL_FUSION);
+    });
+}
+
+/// Burn's name for its matmul fusion (burn-cubecl-fusion 0.22.1 `optim/matmul`); removing a
+/// name it does not know is no error, so a test checks it.
+#[cfg(any(feature = "cuda", feature = "cpu"))]
+const MATMUL_FUSION: &str = "Matmul";
 
 /// Says once per process that kernels are being compiled, when the cache is empty.
 #[cfg(any(feature = "cuda", feature = "cpu"))]
@@ -256,5 +283,11 @@ mod tests {
         assert_eq!(later.since(counts).explorations, 3);
         assert_eq!(later.since(counts).tuning, Duration::ZERO);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[cfg(any(feature = "cuda", feature = "cpu"))]
+    #[test]
+    fn the_matmul_fusion_removed_is_burns() {
+        assert!(burn_cubecl::fusion::BUILTIN_NAMES.contains(&MATMUL_FUSION));
     }
 }

@@ -13,6 +13,7 @@ use burn::tensor::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::decoder_step::StepKernel;
+use crate::linear;
 use crate::matmul::MatmulPrecision;
 use crate::self_attention;
 
@@ -102,11 +103,15 @@ impl GraphEncoder {
             2,
         ); // [B, n, 3]
         let customers = per_node(&self.customer_embedding, customer_features, p); // [B, n, d]
-        let mut h = Tensor::cat(vec![depot, customers], 1); // [B, N, d]
+        let h = Tensor::cat(vec![depot, customers], 1); // [B, N, d]
+        let [_, _, d] = h.dims();
+        // The layers run on rows: on CubeCL a reshape ends a fused chain, and as rows each
+        // product fuses with the bias and skip additions after it.
+        let mut rows = h.reshape([b * n, d]); // [B × N, d]
         for layer in &self.layers {
-            h = layer.forward(h, p);
+            rows = layer.forward(rows, n, p);
         }
-        h
+        rows.reshape([b, n, d])
     }
 }
 
@@ -131,20 +136,16 @@ impl EncoderLayer {
         }
     }
 
-    /// Products at `p`.
+    /// One layer over the rows of B instances of `nodes` nodes each, products at `p`.
     ///
     /// # Shapes
-    /// - `h`: `[B, N, d]` → `[B, N, d]`
-    pub fn forward(&self, h: Tensor<3>, p: MatmulPrecision) -> Tensor<3> {
-        let h = self
-            .attention_norm
-            .forward(h.clone() + self.attention.forward(h, p));
-        let ff = per_node(
-            &self.feed_forward_out,
-            relu(per_node(&self.feed_forward_in, h.clone(), p)),
-            p,
-        );
-        self.feed_forward_norm.forward(h + ff)
+    /// - `h`: `[B × N, d]` → `[B × N, d]`
+    pub fn forward(&self, h: Tensor<2>, nodes: usize, p: MatmulPrecision) -> Tensor<2> {
+        let attended = self.attention.forward(h.clone(), nodes, p); // [B × N, d]
+        let h = self.attention_norm.forward(h + attended, nodes);
+        let hidden = relu(linear::forward(&self.feed_forward_in, h.clone(), p)); // [B × N, ff]
+        let ff = linear::forward(&self.feed_forward_out, hidden, p); // [B × N, d]
+        self.feed_forward_norm.forward(h + ff, nodes)
     }
 }
 
@@ -177,15 +178,16 @@ impl MultiHeadSelfAttention {
         }
     }
 
-    /// Products at `p`.
+    /// The heads' outputs, projected, for the rows of B instances of `nodes` nodes each;
+    /// products at `p`.
     ///
     /// # Shapes
-    /// - `h`: `[B, N, d]` → `[B, N, d]`
-    pub fn forward(&self, h: Tensor<3>, p: MatmulPrecision) -> Tensor<3> {
-        let qkv = per_node(&self.qkv, h, p); // [B, N, 3d]
-        let [_, n, _] = qkv.dims();
+    /// - `h`: `[B × N, d]` → `[B × N, d]`
+    pub fn forward(&self, h: Tensor<2>, nodes: usize, p: MatmulPrecision) -> Tensor<2> {
+        let [rows, d] = h.dims();
+        let qkv = linear::forward(&self.qkv, h, p).reshape([rows / nodes, nodes, 3 * d]); // [B, N, 3d]
         let device = qkv.device();
-        let fused = self.kernel == StepKernel::Fused && self_attention::fused_on(&device, n);
+        let fused = self.kernel == StepKernel::Fused && self_attention::fused_on(&device, nodes);
         // Both fused cores are exact f32, which `highest` asks of CubeCL's tensor cores; on
         // flex, products are split only where a test asks for `highest` there.
         let exact_enough =
@@ -195,7 +197,7 @@ impl MultiHeadSelfAttention {
         } else {
             self_attention::op_by_op(qkv, self.num_heads, p)
         }; // [B, N, d]
-        per_node(&self.out, attended, p) // [B, N, d]
+        linear::forward(&self.out, attended.reshape([rows, d]), p) // [B × N, d]
     }
 }
 
@@ -232,18 +234,17 @@ impl Norm {
         }
     }
 
+    /// Over the rows of B instances of `nodes` nodes each.
+    ///
     /// # Shapes
-    /// - `h`: `[B, N, d]` → `[B, N, d]`
-    pub fn forward(&self, h: Tensor<3>) -> Tensor<3> {
-        let [b, n, d] = h.dims();
+    /// - `h`: `[B × N, d]` → `[B × N, d]`
+    pub fn forward(&self, h: Tensor<2>, nodes: usize) -> Tensor<2> {
         match self {
-            // Batch norm over every node of the batch: as `[B × N, d]` the features already
-            // sit on axis 1, and the output stays contiguous (a swapped view would be copied
-            // by every later gather and reshape).
-            Norm::Batch(bn) => {
-                crate::normalization::batch_norm(bn, h.reshape([b * n, d])).reshape([b, n, d])
-            }
-            Norm::Instance(inn) => crate::normalization::instance_norm(inn, h),
+            // Batch norm over every node of the batch: as rows the features already sit on
+            // axis 1, and the output stays contiguous (a swapped view would be copied by
+            // every later gather and reshape).
+            Norm::Batch(bn) => crate::normalization::batch_norm(bn, h),
+            Norm::Instance(inn) => crate::normalization::instance_norm(inn, h, nodes),
             Norm::Layer(ln) => ln.forward(h),
         }
     }

@@ -8,34 +8,32 @@
 //! gemm accumulates the product onto them, and the backward takes the weight's gradient
 //! from strided views of the saved input: one gemm per gradient, as Burn's own backward.
 //!
-//! Only flex has it; elsewhere Burn's `Linear::forward` runs, which the tests compare against.
+//! Only flex has it; elsewhere a product and a broadcast bias run, as Burn's `Linear::forward`
+//! (which the tests compare against) but with the bias reshaped before the product.
 
 use burn::nn::Linear;
 use burn::tensor::Tensor;
 
 use crate::matmul::{self, MatmulPrecision};
 
-/// `linear` applied to the rows of `x`: the fused operation on flex, Burn's elsewhere, and
-/// at `highest` precision the split product ([`matmul`]) and the bias.
+/// `linear` applied to the rows of `x`: the fused operation on flex, and elsewhere (or at
+/// `highest` precision, the split product [`matmul::product`]) a product and the bias.
 ///
 /// # Shapes
 /// - `x`: `[R, in]` → `[R, out]`
 pub(crate) fn forward(linear: &Linear, x: Tensor<2>, precision: MatmulPrecision) -> Tensor<2> {
-    if precision == MatmulPrecision::Highest {
-        let out = matmul::product(x, linear.weight.val(), precision); // [R, out]
-        return match &linear.bias {
-            Some(bias) => out + bias.val().unsqueeze_dim(0),
-            None => out,
-        };
+    let bias = linear.bias.as_ref().map(|b| b.val());
+    if precision != MatmulPrecision::Highest && crate::backend::runs_on_flex(&x.device()) {
+        return fused(x, linear.weight.val(), bias);
     }
-    if crate::backend::runs_on_flex(&x.device()) {
-        fused(
-            x,
-            linear.weight.val(),
-            linear.bias.as_ref().map(|b| b.val()),
-        )
-    } else {
-        linear.forward(x)
+    // Burn's linear reshapes the bias after the product, and on CubeCL a reshape ends a
+    // fused chain: the bias (and the skip connection after it) were kernels of their own.
+    // Reshaped first, the product fuses with the additions that follow it.
+    let bias = bias.map(|b| b.unsqueeze_dim::<2>(0)); // [1, out]
+    let out = matmul::product(x, linear.weight.val(), precision); // [R, out]
+    match bias {
+        Some(bias) => out + bias,
+        None => out,
     }
 }
 

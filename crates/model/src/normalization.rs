@@ -49,21 +49,23 @@ pub(crate) fn batch_norm(norm: &BatchNorm, x: Tensor<2>) -> Tensor<2> {
     out
 }
 
-/// `norm` over each instance's nodes, in training and inference alike (it keeps no
+/// `norm` over each instance's `nodes` rows, in training and inference alike (it keeps no
 /// running statistics).
 ///
 /// # Shapes
-/// - `x`: `[B, N, d]` → `[B, N, d]`
-pub(crate) fn instance_norm(norm: &InstanceNorm, x: Tensor<3>) -> Tensor<3> {
-    let [b, n, d] = x.dims();
+/// - `x`: `[B × N, d]` → `[B × N, d]`
+pub(crate) fn instance_norm(norm: &InstanceNorm, x: Tensor<2>, nodes: usize) -> Tensor<2> {
+    let [rows, d] = x.dims();
     match (&norm.gamma, &norm.beta) {
         (Some(gamma), Some(beta)) if fused_on(&x.device()) => {
-            let rows = x.reshape([b * n, d]);
-            let (out, _, _) = fused(rows, gamma.val(), beta.val(), norm.epsilon, n);
-            out.reshape([b, n, d])
+            let (out, _, _) = fused(x, gamma.val(), beta.val(), norm.epsilon, nodes);
+            out
         }
         // Burn's takes the features on axis 1.
-        _ => norm.forward(x.swap_dims(1, 2)).swap_dims(1, 2),
+        _ => {
+            let x = x.reshape([rows / nodes, nodes, d]).swap_dims(1, 2); // [B, d, N]
+            norm.forward(x).swap_dims(1, 2).reshape([rows, d])
+        }
     }
 }
 
@@ -686,7 +688,7 @@ mod tests {
         let x = Tensor::<3>::from_data(TensorData::new(features(b * n, d), [b, n, d]), device)
             .require_grad();
         let out = if fused {
-            instance_norm(&norm, x.clone())
+            instance_norm(&norm, x.clone().reshape([b * n, d]), n).reshape([b, n, d])
         } else {
             norm.forward(x.clone().swap_dims(1, 2)).swap_dims(1, 2)
         };
@@ -737,9 +739,9 @@ mod tests {
         let device = backend.device().unwrap();
         let [b, n, d] = [3, 9, 8];
         let on = |device: &Device| {
-            let x = TensorData::new(features(b * n, d), [b, n, d]);
-            let x = Tensor::<3>::from_data(x, device);
-            read(instance_norm(&instance_norm_of(d, device), x))
+            let x = TensorData::new(features(b * n, d), [b * n, d]);
+            let x = Tensor::<2>::from_data(x, device);
+            read(instance_norm(&instance_norm_of(d, device), x, n))
         };
         assert_eq!(on(&device), on(&device.clone().autodiff()));
     }
