@@ -18,9 +18,12 @@ use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::backend::{steps_from_context, trains_through_cubecl};
-use crate::decode::{cat_columns, rollout, DecodeOptions, DecodeOutput, Policy};
+use crate::decode::{
+    cat_columns, rollout_choosing, Choice, DecodeOptions, DecodeOutput, ModelStep, Policy,
+};
 use crate::decoder_step::{
-    fused_on, fused_step, fused_step_from_context, keys_by_feature, StepKernel,
+    fused_on, fused_step, fused_step_and_choose, fused_step_from_context, keys_by_feature,
+    StepKernel,
 };
 use crate::encoder::{per_node, GraphEncoder, GraphEncoderConfig};
 use crate::linear::matmul_rows;
@@ -239,9 +242,13 @@ impl AttentionModel {
         {
             return self.sample_then_score(problem, options, &pre);
         }
-        rollout(problem, options, self.load_arithmetic, tours, |state| {
-            self.step_log_probs(&pre, state, temperature)
-        })
+        rollout_choosing(
+            problem,
+            options,
+            self.load_arithmetic,
+            tours,
+            |state, choice| self.next_step(&pre, state, choice, temperature),
+        )
     }
 
     /// A decode with gradients on a CubeCL device: the tours sampled outside autodiff, then
@@ -264,14 +271,14 @@ impl AttentionModel {
         let temperature = options.temperature();
         let frozen = pre.without_autodiff();
         let mut seen = Vec::new();
-        let sampled = rollout(
+        let sampled = rollout_choosing(
             &problem.without_autodiff(),
             &options.without_log_likelihood(),
             self.load_arithmetic,
             None,
-            |state| {
+            |state, choice| {
                 seen.push((state.mask(), state.remaining_capacity_fraction()));
-                self.step_log_probs(&frozen, state, temperature)
+                self.next_step(&frozen, state, choice, temperature)
             },
         );
         let log_likelihood = self.score_steps(pre, &sampled.actions, seen, temperature);
@@ -449,6 +456,55 @@ impl AttentionModel {
         self
     }
 
+    /// A decode step: [`Self::step_log_probs`], and where the step runs from its context
+    /// (CubeCL devices, no autodiff) and the decode chooses, the choice and the state's
+    /// step in the same kernel: one launch a step where there were two.
+    fn next_step(
+        &self,
+        pre: &Precomputed,
+        state: &mut CvrpState,
+        choice: Choice,
+        temperature: f64,
+    ) -> ModelStep {
+        if let (Choice::Chooses { noise }, Some(by_feature)) = (&choice, &pre.by_feature) {
+            if steps_from_context(&pre.last_node_context.device()) {
+                let context = [
+                    pre.fixed_context.clone(),
+                    pre.last_node_context.clone(),
+                    pre.capacity_context.clone(),
+                ];
+                let (last_node, mask) = (state.last_node(), state.mask());
+                let remaining = state.remaining_capacity_fraction();
+                let mut log_p = None;
+                let chosen = state.choose_and_step_with(|inputs| {
+                    let (step_log_p, step) = fused_step_and_choose(
+                        context,
+                        last_node,
+                        remaining,
+                        by_feature.clone(),
+                        mask,
+                        inputs,
+                        noise.clone(),
+                        self.num_heads,
+                        (self.tanh_clipping, temperature),
+                    );
+                    log_p = Some(step_log_p);
+                    step
+                });
+                if let (Some(log_p), Some(chosen)) = (log_p, chosen) {
+                    return ModelStep {
+                        log_p,
+                        chosen: Some(chosen),
+                    };
+                }
+            }
+        }
+        ModelStep {
+            log_p: self.step_log_probs(pre, state, temperature),
+            chosen: None,
+        }
+    }
+
     /// Log-probabilities of the next node for every row (row `i * S + s` is instance i's
     /// rollout s).
     ///
@@ -588,6 +644,7 @@ mod tests {
 
     use super::*;
     use crate::backend::Backend;
+    use crate::decode::rollout;
     use crate::decoder_step::fused_on;
     use crate::test_values::{pseudo_random, read, read_ints, small_model};
 

@@ -134,6 +134,41 @@ pub(crate) fn rollout(
     follow: Option<&Tensor<2, Int>>,
     mut next_log_probs: impl FnMut(&CvrpState) -> Tensor<2>,
 ) -> DecodeOutput {
+    rollout_choosing(problem, options, arithmetic, follow, |state, _| ModelStep {
+        log_p: next_log_probs(state),
+        chosen: None,
+    })
+}
+
+/// How the decode picks each row's node at a step.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one a step, moved straight into the model's step: boxing would buy nothing"
+)]
+pub(crate) enum Choice {
+    /// It follows given tours.
+    Follows,
+    /// The most likely node, or with `noise` (`[R, T]`) and a column, the inverse of the
+    /// CDF at that column's uniform.
+    Chooses { noise: Option<(Tensor<2>, usize)> },
+}
+
+/// What a model's step gives the decode: the log-probabilities `[R, N]`, and the `[R, 1]`
+/// choice where the model's step also chose as `Choice` asks and moved the state there
+/// (on CubeCL devices, in the decoder step's own kernel).
+pub(crate) struct ModelStep {
+    pub log_p: Tensor<2>,
+    pub chosen: Option<Tensor<2, Int>>,
+}
+
+/// [`rollout`] with a step that may choose and move the state itself.
+pub(crate) fn rollout_choosing(
+    problem: &DeviceBatch,
+    options: &DecodeOptions,
+    arithmetic: LoadArithmetic,
+    follow: Option<&Tensor<2, Int>>,
+    mut next_step: impl FnMut(&mut CvrpState, Choice) -> ModelStep,
+) -> DecodeOutput {
     let [b, n_nodes, _] = problem.coords.dims();
     let n = n_nodes - 1;
     let starts = options.rows_per_instance(n);
@@ -175,13 +210,24 @@ pub(crate) fn rollout(
         if checks.due(step) && state.finished().all().into_scalar::<bool>() {
             break;
         }
-        let log_p = next_log_probs(&state); // [R, N]
+        let choice = match follow {
+            Some(_) => Choice::Follows,
+            None => Choice::Chooses {
+                noise: noise.clone().map(|t| (t, step)),
+            },
+        };
+        let noise_column = match &choice {
+            Choice::Chooses { noise } => Some(noise.clone()),
+            Choice::Follows => None,
+        };
+        let ModelStep { log_p, chosen } = next_step(&mut state, choice); // [R, N]
 
         // On CubeCL devices the state's kernel chooses and steps at once, reading the
-        // step's column of the noise itself.
-        let chosen = match follow {
-            Some(_) => None,
-            None => state.choose_and_step(log_p.clone(), noise.clone().map(|t| (t, step))),
+        // step's column of the noise itself (unless the model's step has).
+        let chosen = match (chosen, noise_column) {
+            (Some(chosen), _) => Some(chosen),
+            (None, Some(noise)) => state.choose_and_step(log_p.clone(), noise),
+            (None, None) => None,
         };
         let action = match (chosen, follow, &noise) {
             (Some(action), _, _) => action,

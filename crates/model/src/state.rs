@@ -91,12 +91,28 @@ struct StepKernelState {
 /// One step of the state kernel: the `[R, 1]` node moved to, the new load, served flags,
 /// next mask and remaining capacity fraction.
 #[derive(Debug, Clone)]
-struct KernelStep {
-    action: Tensor<2, Int>,
-    used: Tensor<2>,
-    served: Tensor<2>,
-    mask: Tensor<2, Bool>,
-    remaining: Tensor<2>,
+pub(crate) struct KernelStep {
+    pub action: Tensor<2, Int>,
+    pub used: Tensor<2>,
+    pub served: Tensor<2>,
+    pub mask: Tensor<2, Bool>,
+    pub remaining: Tensor<2>,
+}
+
+/// What the state kernel's step reads of the state, for an operation that chooses and
+/// steps as it does but in a kernel of its own (the decoder step with the choice,
+/// `AttentionModel::next_step`): the demands `[R, N]`, capacity and load
+/// `[R, 1]`, the served flags `[R, N]` and the capacity check's tolerance.
+#[cfg_attr(
+    not(any(feature = "cuda", feature = "cpu")),
+    allow(dead_code, reason = "read only where a CubeCL backend is compiled in")
+)]
+pub(crate) struct KernelStepInputs {
+    pub demands: Tensor<2>,
+    pub capacity: Tensor<2>,
+    pub used: Tensor<2>,
+    pub served: Tensor<2>,
+    pub tolerance: f32,
 }
 
 /// Where the state kernel moves each row.
@@ -291,18 +307,57 @@ impl CvrpState {
         self.move_by_kernel(KernelMove::Choose { log_p, noise })
     }
 
+    /// Chooses and steps with `step`, an operation that makes the state kernel's step from
+    /// the state's tensors (on CubeCL devices): the `[R, 1]` nodes moved to; `None` (and
+    /// `step` not called) elsewhere.
+    pub(crate) fn choose_and_step_with(
+        &mut self,
+        step: impl FnOnce(KernelStepInputs) -> KernelStep,
+    ) -> Option<Tensor<2, Int>> {
+        let Visited::Ones {
+            served,
+            kernel: Some(_),
+            ..
+        } = &self.visited
+        else {
+            return None;
+        };
+        let made = step(KernelStepInputs {
+            demands: self.demands.clone(),
+            capacity: self.capacity.clone(),
+            used: self.used_capacity.clone(),
+            served: served.clone(),
+            tolerance: self.tolerance,
+        });
+        self.take_kernel_step(made)
+    }
+
     /// Runs the state kernel's step where the state has one (CubeCL devices): the `[R, 1]`
     /// nodes moved to; `None` (and nothing done) elsewhere.
     fn move_by_kernel(&mut self, how: KernelMove) -> Option<Tensor<2, Int>> {
         let Visited::Ones {
             served,
-            is_customer,
             kernel: Some(kernel),
+            ..
         } = &self.visited
         else {
             return None;
         };
         let step = self.run_state_kernel(how, served, &kernel.bool_like);
+        self.take_kernel_step(step)
+    }
+
+    /// The state after a kernel's `step`; the `[R, 1]` nodes moved to. Call it only where
+    /// the state has a kernel.
+    fn take_kernel_step(&mut self, step: KernelStep) -> Option<Tensor<2, Int>> {
+        let Visited::Ones {
+            is_customer,
+            kernel: Some(kernel),
+            ..
+        } = &self.visited
+        else {
+            return None;
+        };
         self.used_capacity = step.used.clone();
         self.last_node = step.action.clone();
         self.visited = Visited::Ones {

@@ -338,35 +338,8 @@ fn choose_and_step_kernel<F: Float, I: Int, M: Int>(
     let row = (CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X) as usize;
     if row < row_count as usize {
         let nodes = node_count as usize;
-        let first = row * nodes;
-        let mut to = 0usize;
-        if sample == 1u32 {
-            let mut total = F::new(0.0);
-            for node in 0..nodes {
-                total += F::exp(log_p[first + node]);
-            }
-            let threshold = noise[row * noise_width as usize + column as usize] * total;
-            let mut cdf = F::new(0.0);
-            let mut below = 0usize;
-            for node in 0..nodes {
-                cdf += F::exp(log_p[first + node]);
-                if cdf < threshold {
-                    below += 1;
-                }
-            }
-            to = below;
-            if to > nodes - 1 {
-                to = nodes - 1;
-            }
-        } else {
-            let mut best = log_p[first];
-            for node in 1..nodes {
-                if log_p[first + node] > best {
-                    best = log_p[first + node];
-                    to = node;
-                }
-            }
-        }
+        let uniform = noise[row * noise_width as usize + column as usize];
+        let to = choose_row(log_p, row * nodes, nodes, sample, uniform);
         action_out[row] = I::cast_from(to);
         step_row(
             to,
@@ -385,12 +358,53 @@ fn choose_and_step_kernel<F: Float, I: Int, M: Int>(
     }
 }
 
+/// The node a row chooses from its `nodes` log-probabilities at `log_p[first..]`, as
+/// [`choose_and_step_kernel`] says; `uniform` is read only with `sample`.
+#[cube]
+pub(crate) fn choose_row<F: Float>(
+    log_p: &Tensor<F>,
+    first: usize,
+    nodes: usize,
+    sample: u32,
+    uniform: F,
+) -> usize {
+    let mut to = 0usize;
+    if sample == 1u32 {
+        let mut total = F::new(0.0);
+        for node in 0..nodes {
+            total += F::exp(log_p[first + node]);
+        }
+        let threshold = uniform * total;
+        let mut cdf = F::new(0.0);
+        let mut below = 0usize;
+        for node in 0..nodes {
+            cdf += F::exp(log_p[first + node]);
+            if cdf < threshold {
+                below += 1;
+            }
+        }
+        to = below;
+        if to > nodes - 1 {
+            to = nodes - 1;
+        }
+    } else {
+        let mut best = log_p[first];
+        for node in 1..nodes {
+            if log_p[first + node] > best {
+                best = log_p[first + node];
+                to = node;
+            }
+        }
+    }
+    to
+}
+
 /// One row's step to node `to`: its new load, served flags and remaining capacity
 /// fraction (`(capacity − load) / capacity`, as `CvrpState::remaining_capacity_fraction`),
 /// and the next mask.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn step_row<F: Float, M: Int>(
+pub(crate) fn step_row<F: Float, M: Int>(
     to: usize,
     row: usize,
     nodes: usize,

@@ -29,6 +29,8 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 
+use crate::state_kernel::{choose_row, step_row as state_step_row};
+
 /// Units per cube (one row) on a GPU: a multiple of the warp, and past CVRP50's 51 nodes
 /// two passes over the nodes at most up to CVRP100.
 const UNITS: u32 = 64;
@@ -176,6 +178,117 @@ pub(crate) fn forward_from_context(
         [float, int, boolean].map(dtype_to_storage_type),
     );
     output
+}
+
+/// The state's part of [`step_and_choose`]: its tensors (`demands` and `served` `[R, N]`,
+/// `capacity` and `used` `[R, 1]`), the noise `[R, T]` with the column read and whether it
+/// is read, and the tolerance of the capacity check.
+pub(crate) struct StateInputs {
+    pub demands: CubeTensor,
+    pub capacity: CubeTensor,
+    pub used: CubeTensor,
+    pub served: CubeTensor,
+    pub noise: CubeTensor,
+    pub column: u32,
+    pub sample: bool,
+    pub tolerance: f32,
+}
+
+/// The step's log-probabilities, then each row's choice and the state's step to it, in
+/// one launch: [`forward_from_context`], then the state kernel's choice and step
+/// (`crate::state_kernel`) by the cube's first unit, on the log-probabilities the cube
+/// has just written.
+///
+/// # Shapes
+/// - as [`forward_from_context`]; the state's as [`StateInputs`]
+/// - output: the log-probabilities `[R, N]`, the choice `[R, 1]` (`last_node`'s int type),
+///   the new load `[R, 1]`, served flags `[R, N]`, mask `[R, N]` (`mask`'s bool type) and
+///   remaining capacity fraction `[R, 1]`
+#[allow(clippy::type_complexity)]
+pub(crate) fn step_and_choose(
+    [fixed_context, last_node_context, capacity_context, remaining]: [CubeTensor; 4],
+    last_node: CubeTensor,
+    by_feature: CubeTensor,
+    mask: CubeTensor,
+    state: StateInputs,
+    heads: usize,
+    (tanh_clipping, temperature): (f32, f32),
+) -> [CubeTensor; 6] {
+    let contiguous = [
+        fixed_context,
+        last_node_context,
+        capacity_context,
+        remaining,
+        by_feature,
+        state.demands,
+        state.capacity,
+        state.used,
+        state.served,
+        state.noise,
+    ]
+    .map(into_contiguous);
+    let [fixed_context, last_node_context, capacity_context, remaining, by_feature, demands, capacity, used, served, noise] =
+        contiguous;
+    let (last_node, mask) = (into_contiguous(last_node), into_contiguous(mask));
+    let [b, nodes, d] = last_node_context.meta.shape().dims::<3>();
+    let rows = mask.meta.shape().dims::<2>()[0];
+    let padded_nodes = by_feature.meta.shape().dims::<3>()[2];
+    assert!(
+        fits(nodes, heads, d, false) && d % heads == 0,
+        "the CubeCL decoder step's shared memory does not hold {nodes} nodes"
+    );
+    let (float, int, boolean) = (last_node_context.dtype, last_node.dtype, mask.dtype);
+    let empty = |shape: &[usize], dtype| {
+        let (client, device) = (mask.client.clone(), mask.device.clone());
+        empty_device_contiguous_dtype(client, device, Shape::from(shape.to_vec()), dtype)
+    };
+    // `[B, S, d]`: the row's step reads it by instance and start.
+    let query = empty(&[b, rows / b, d], float);
+    let log_p = empty(&[rows, nodes], float);
+    let action = empty(&[rows, 1], int);
+    let used_out = empty(&[rows, 1], float);
+    let served_out = empty(&[rows, nodes], float);
+    let mask_out = empty(&[rows, nodes], boolean);
+    let remaining_out = empty(&[rows, 1], float);
+    let noise_width = noise.meta.shape()[1] as u32;
+    let client = mask.client.clone();
+    decoder_step_and_choice_kernel::launch(
+        &client,
+        CubeCount::Static(rows as u32, 1, 1),
+        cube_dim(&client, UNITS),
+        fixed_context.into_tensor_arg(),
+        last_node_context.into_tensor_arg(),
+        capacity_context.into_tensor_arg(),
+        last_node.into_tensor_arg(),
+        remaining.into_tensor_arg(),
+        query.into_tensor_arg(),
+        by_feature.into_tensor_arg(),
+        mask.into_tensor_arg(),
+        log_p.clone().into_tensor_arg(),
+        noise.into_tensor_arg(),
+        demands.into_tensor_arg(),
+        capacity.into_tensor_arg(),
+        used.into_tensor_arg(),
+        served.into_tensor_arg(),
+        action.clone().into_tensor_arg(),
+        used_out.clone().into_tensor_arg(),
+        served_out.clone().into_tensor_arg(),
+        mask_out.clone().into_tensor_arg(),
+        remaining_out.clone().into_tensor_arg(),
+        tanh_clipping,
+        temperature,
+        state.tolerance,
+        (rows / b) as u32,
+        nodes as u32,
+        u32::from(state.sample),
+        noise_width,
+        state.column,
+        heads,
+        d / heads,
+        padded_nodes,
+        [float, int, boolean].map(dtype_to_storage_type),
+    );
+    [log_p, action, used_out, served_out, mask_out, remaining_out]
 }
 
 /// Where a row's query, its instance's keys by feature and the row's mask sit (element
@@ -414,6 +527,92 @@ fn decoder_step_from_context_kernel<F: Float, I: Int, M: Int>(
         head_dim,
         padded_nodes,
     );
+}
+
+/// [`decoder_step_from_context_kernel`], then the row's choice and state step by the
+/// cube's first unit (`crate::state_kernel`'s `choose_row` and `step_row`), reading the
+/// log-probabilities the cube wrote: the barrier before makes them visible to it.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn decoder_step_and_choice_kernel<F: Float, I: Int, M: Int>(
+    fixed_context: &Tensor<F>,
+    last_node_context: &Tensor<F>,
+    capacity_context: &Tensor<F>,
+    last_node: &Tensor<I>,
+    remaining: &Tensor<F>,
+    query: &mut Tensor<F>,
+    by_feature: &Tensor<F>,
+    mask: &Tensor<M>,
+    log_p: &mut Tensor<F>,
+    noise: &Tensor<F>,
+    demands: &Tensor<F>,
+    capacity: &Tensor<F>,
+    used: &Tensor<F>,
+    served: &Tensor<F>,
+    action_out: &mut Tensor<I>,
+    used_out: &mut Tensor<F>,
+    served_out: &mut Tensor<F>,
+    mask_out: &mut Tensor<M>,
+    remaining_out: &mut Tensor<F>,
+    tanh_clipping: f32,
+    temperature: f32,
+    tolerance: f32,
+    starts: u32,
+    node_count: u32,
+    sample: u32,
+    noise_width: u32,
+    column: u32,
+    #[comptime] heads: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] padded_nodes: usize,
+    #[define(F, I, M)] _dtypes: [ElemType; 3],
+) {
+    let d = heads * head_dim;
+    let row = CUBE_POS_X as usize;
+    let instance = row / starts as usize;
+    let node = usize::cast_from(last_node[row]);
+    let node_row = (instance * node_count as usize + node) * d;
+    let mut f = UNIT_POS_X as usize;
+    while f < d {
+        let step = last_node_context[node_row + f] + remaining[row] * capacity_context[f];
+        query[row * d + f] = fixed_context[instance * d + f] + step;
+        f += CUBE_DIM_X as usize;
+    }
+    sync_cube();
+    step_row(
+        &*query,
+        by_feature,
+        mask,
+        log_p,
+        tanh_clipping,
+        temperature,
+        starts,
+        node_count,
+        heads,
+        head_dim,
+        padded_nodes,
+    );
+    sync_cube();
+    if UNIT_POS_X == 0 {
+        let nodes = node_count as usize;
+        let uniform = noise[row * noise_width as usize + column as usize];
+        let to = choose_row(&*log_p, row * nodes, nodes, sample, uniform);
+        action_out[row] = I::cast_from(to);
+        state_step_row(
+            to,
+            row,
+            nodes,
+            demands,
+            capacity,
+            used,
+            served,
+            used_out,
+            served_out,
+            mask_out,
+            remaining_out,
+            tolerance,
+        );
+    }
 }
 
 /// One row's step (the cube's): its attention, logits and log-softmax into `output`.

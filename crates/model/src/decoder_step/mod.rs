@@ -162,6 +162,73 @@ pub(crate) fn fused_step_from_context(
     }
 }
 
+/// [`fused_step_from_context`], then each row's choice and the state's step to it in the
+/// same kernel, as the state kernel makes them (`CvrpState::choose_and_step`): the most
+/// likely node, or with `noise` (`[R, T]`) and a column, the inverse of the CDF at that
+/// column's uniform. The log-probabilities `[R, N]` and the state's step; call it only
+/// where `crate::backend::steps_from_context` holds.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fused_step_and_choose(
+    [fixed_context, last_node_context, capacity_context]: [Tensor<3>; 3],
+    last_node: Tensor<2, burn::tensor::Int>,
+    remaining: Tensor<2>,
+    by_feature: Tensor<3>,
+    mask: Tensor<2, Bool>,
+    state: crate::state::KernelStepInputs,
+    noise: Option<(Tensor<2>, usize)>,
+    heads: usize,
+    (tanh_clipping, temperature): (f64, f64),
+) -> (Tensor<2>, crate::state::KernelStep) {
+    #[cfg(any(feature = "cuda", feature = "cpu"))]
+    {
+        use burn::backend::Dispatch;
+        let sample = noise.is_some();
+        // Greedy reads no noise: any float tensor stands in.
+        let (noise, column) = noise.unwrap_or_else(|| (state.used.clone(), 0));
+        let (log_p, action, used, served, mask, remaining) =
+            <Dispatch as DecoderStepFromContextBackend>::decoder_step_and_choice(
+                fixed_context.into_dispatch(),
+                last_node_context.into_dispatch(),
+                capacity_context.into_dispatch(),
+                last_node.into_dispatch(),
+                remaining.into_dispatch(),
+                by_feature.into_dispatch(),
+                mask.into_dispatch(),
+                state.demands.into_dispatch(),
+                state.capacity.into_dispatch(),
+                state.used.into_dispatch(),
+                state.served.into_dispatch(),
+                noise.without_autodiff().into_dispatch(),
+                heads,
+                tanh_clipping as f32,
+                temperature as f32,
+                state.tolerance,
+                sample,
+                column as u32,
+            );
+        let step = crate::state::KernelStep {
+            action: Tensor::from_dispatch(action),
+            used: Tensor::from_dispatch(used),
+            served: Tensor::from_dispatch(served),
+            mask: Tensor::from_dispatch(mask),
+            remaining: Tensor::from_dispatch(remaining),
+        };
+        (Tensor::from_dispatch(log_p), step)
+    }
+    #[cfg(not(any(feature = "cuda", feature = "cpu")))]
+    {
+        let _ = (
+            fixed_context,
+            last_node_context,
+            capacity_context,
+            last_node,
+        );
+        let _ = (remaining, by_feature, mask, state, noise, heads);
+        let _ = (tanh_clipping, temperature);
+        unreachable!("no CubeCL backend is compiled in; check `steps_from_context` first")
+    }
+}
+
 #[cfg(any(feature = "flex", feature = "cuda", feature = "cpu"))]
 pub use extension::DecoderStepBackend;
 
@@ -259,6 +326,82 @@ mod cube_impl {
             tanh_clipping: f32,
             temperature: f32,
         ) -> FloatTensor<Self>;
+
+        /// [`Self::decoder_step_from_context`], then each row's choice and the state's step
+        /// to it, as `StateStepBackend::choose_and_step` makes them, in one kernel: returns
+        /// the log-probabilities, the choice `[B × S, 1]` (`last_node`'s int type), the new
+        /// load, served flags, mask (`mask`'s bool type) and remaining capacity fraction.
+        #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+        #[fusion(meta = step_and_choice_metadata)]
+        fn decoder_step_and_choice(
+            fixed_context: FloatTensor<Self>,
+            last_node_context: FloatTensor<Self>,
+            capacity_context: FloatTensor<Self>,
+            last_node: IntTensor<Self>,
+            remaining: FloatTensor<Self>,
+            by_feature: FloatTensor<Self>,
+            mask: BoolTensor<Self>,
+            demands: FloatTensor<Self>,
+            capacity: FloatTensor<Self>,
+            used: FloatTensor<Self>,
+            served: FloatTensor<Self>,
+            noise: FloatTensor<Self>,
+            heads: usize,
+            tanh_clipping: f32,
+            temperature: f32,
+            tolerance: f32,
+            sample: bool,
+            column: u32,
+        ) -> (
+            FloatTensor<Self>,
+            IntTensor<Self>,
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+            BoolTensor<Self>,
+            FloatTensor<Self>,
+        );
+    }
+
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn step_and_choice_metadata(
+        _fixed_context: &burn::backend::fusion::custom::TensorSpec,
+        last_node_context: &burn::backend::fusion::custom::TensorSpec,
+        _capacity_context: &burn::backend::fusion::custom::TensorSpec,
+        last_node: &burn::backend::fusion::custom::TensorSpec,
+        _remaining: &burn::backend::fusion::custom::TensorSpec,
+        _by_feature: &burn::backend::fusion::custom::TensorSpec,
+        mask: &burn::backend::fusion::custom::TensorSpec,
+        _demands: &burn::backend::fusion::custom::TensorSpec,
+        _capacity: &burn::backend::fusion::custom::TensorSpec,
+        _used: &burn::backend::fusion::custom::TensorSpec,
+        _served: &burn::backend::fusion::custom::TensorSpec,
+        _noise: &burn::backend::fusion::custom::TensorSpec,
+        _heads: &usize,
+        _tanh_clipping: &f32,
+        _temperature: &f32,
+        _tolerance: &f32,
+        _sample: &bool,
+        _column: &u32,
+    ) -> (
+        burn::backend::fusion::custom::TensorSpec,
+        burn::backend::fusion::custom::TensorSpec,
+        burn::backend::fusion::custom::TensorSpec,
+        burn::backend::fusion::custom::TensorSpec,
+        burn::backend::fusion::custom::TensorSpec,
+        burn::backend::fusion::custom::TensorSpec,
+    ) {
+        use burn::backend::fusion::custom::TensorSpec;
+        let [rows, nodes] = mask.shape.dims::<2>();
+        let float = last_node_context.dtype;
+        let spec = |shape: [usize; 2], dtype| TensorSpec::new(Shape::new(shape), dtype);
+        (
+            spec([rows, nodes], float),
+            spec([rows, 1], last_node.dtype),
+            spec([rows, 1], float),
+            spec([rows, nodes], float),
+            spec([rows, nodes], mask.dtype),
+            spec([rows, 1], float),
+        )
     }
 
     impl DecoderStepFromContextBackend for CubeBackend {
@@ -282,6 +425,56 @@ mod cube_impl {
             ];
             let scale = (tanh_clipping, temperature);
             cube_kernel::forward_from_context(context, last_node, by_feature, mask, heads, scale)
+        }
+
+        fn decoder_step_and_choice(
+            fixed_context: FloatTensor<Self>,
+            last_node_context: FloatTensor<Self>,
+            capacity_context: FloatTensor<Self>,
+            last_node: IntTensor<Self>,
+            remaining: FloatTensor<Self>,
+            by_feature: FloatTensor<Self>,
+            mask: BoolTensor<Self>,
+            demands: FloatTensor<Self>,
+            capacity: FloatTensor<Self>,
+            used: FloatTensor<Self>,
+            served: FloatTensor<Self>,
+            noise: FloatTensor<Self>,
+            heads: usize,
+            tanh_clipping: f32,
+            temperature: f32,
+            tolerance: f32,
+            sample: bool,
+            column: u32,
+        ) -> (
+            FloatTensor<Self>,
+            IntTensor<Self>,
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+            BoolTensor<Self>,
+            FloatTensor<Self>,
+        ) {
+            let context = [
+                fixed_context,
+                last_node_context,
+                capacity_context,
+                remaining,
+            ];
+            let state = cube_kernel::StateInputs {
+                demands,
+                capacity,
+                used,
+                served,
+                noise,
+                column,
+                sample,
+                tolerance,
+            };
+            let scale = (tanh_clipping, temperature);
+            let [log_p, action, used, served, mask, remaining] = cube_kernel::step_and_choose(
+                context, last_node, by_feature, mask, state, heads, scale,
+            );
+            (log_p, action, used, served, mask, remaining)
         }
     }
 
