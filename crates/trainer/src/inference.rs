@@ -469,6 +469,7 @@ fn decode_options(strategy: Strategy, check_every: usize) -> DecodeOptions {
     }
     .with_multi_start(strategy.multi_start)
     .with_check_every(check_every)
+    .without_log_likelihood()
 }
 
 /// Each instance's `variants` symmetries (unit square first when `normalize`), each

@@ -68,6 +68,7 @@ impl RolloutBaseline {
             size: r.baseline_eval_size,
             batch_size: setup.config.validation.batch_size,
             options: DecodeOptions::greedy()
+                .without_log_likelihood()
                 .with_check_every(setup.config.training.decode_check_every),
             device: setup.device.clone(),
             shards: Shards::of(&setup.config.training),

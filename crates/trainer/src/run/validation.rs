@@ -30,6 +30,7 @@ impl ValidationSet {
         let v = &config.validation;
         let shards = Shards::of(&config.training);
         let options = DecodeOptions::greedy()
+            .without_log_likelihood()
             .with_check_every(config.training.decode_check_every)
             .with_multi_start(config.validation_strategy() == ValidationStrategy::Multistart);
         let Some(file) = &v.file else {
