@@ -502,18 +502,17 @@ fn decoder_step_from_context_kernel<F: Float, I: Int, M: Int>(
     #[comptime] padded_nodes: usize,
     #[define(F, I, M)] _dtypes: [ElemType; 3],
 ) {
-    let d = heads * head_dim;
-    let row = CUBE_POS_X as usize;
-    let instance = row / starts as usize;
-    let node = usize::cast_from(last_node[row]);
-    let node_row = (instance * node_count as usize + node) * d;
-    let mut f = UNIT_POS_X as usize;
-    while f < d {
-        let step = last_node_context[node_row + f] + remaining[row] * capacity_context[f];
-        query[row * d + f] = fixed_context[instance * d + f] + step;
-        f += CUBE_DIM_X as usize;
-    }
-    sync_cube();
+    query_from_context(
+        fixed_context,
+        last_node_context,
+        capacity_context,
+        remaining,
+        last_node,
+        query,
+        starts,
+        node_count,
+        heads * head_dim,
+    );
     step_row(
         &*query,
         by_feature,
@@ -567,18 +566,17 @@ fn decoder_step_and_choice_kernel<F: Float, I: Int, M: Int>(
     #[comptime] padded_nodes: usize,
     #[define(F, I, M)] _dtypes: [ElemType; 3],
 ) {
-    let d = heads * head_dim;
-    let row = CUBE_POS_X as usize;
-    let instance = row / starts as usize;
-    let node = usize::cast_from(last_node[row]);
-    let node_row = (instance * node_count as usize + node) * d;
-    let mut f = UNIT_POS_X as usize;
-    while f < d {
-        let step = last_node_context[node_row + f] + remaining[row] * capacity_context[f];
-        query[row * d + f] = fixed_context[instance * d + f] + step;
-        f += CUBE_DIM_X as usize;
-    }
-    sync_cube();
+    query_from_context(
+        fixed_context,
+        last_node_context,
+        capacity_context,
+        remaining,
+        last_node,
+        query,
+        starts,
+        node_count,
+        heads * head_dim,
+    );
     step_row(
         &*query,
         by_feature,
@@ -594,6 +592,7 @@ fn decoder_step_and_choice_kernel<F: Float, I: Int, M: Int>(
     );
     sync_cube();
     if UNIT_POS_X == 0 {
+        let row = CUBE_POS_X as usize;
         let nodes = node_count as usize;
         let uniform = noise[row * noise_width as usize + column as usize];
         let to = choose_row(&*log_p, row * nodes, nodes, sample, uniform);
@@ -613,6 +612,37 @@ fn decoder_step_and_choice_kernel<F: Float, I: Int, M: Int>(
             tolerance,
         );
     }
+}
+
+/// The cube's row's query, written to `query` `[B, S, d]`: the fixed context `[B, 1, d]` +
+/// (the row of `last_node_context` `[B, N, d]` of the node the row stands at + its
+/// remaining capacity fraction · `capacity_context` `[d]`), in the tensors' float type and
+/// in the order `AttentionModel::step_log_probs` adds them. Ends at a barrier, so the
+/// cube's units may all read it.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn query_from_context<F: Float, I: Int>(
+    fixed_context: &Tensor<F>,
+    last_node_context: &Tensor<F>,
+    capacity_context: &Tensor<F>,
+    remaining: &Tensor<F>,
+    last_node: &Tensor<I>,
+    query: &mut Tensor<F>,
+    starts: u32,
+    node_count: u32,
+    #[comptime] d: usize,
+) {
+    let row = CUBE_POS_X as usize;
+    let instance = row / starts as usize;
+    let node = usize::cast_from(last_node[row]);
+    let node_row = (instance * node_count as usize + node) * d;
+    let mut f = UNIT_POS_X as usize;
+    while f < d {
+        let step = last_node_context[node_row + f] + remaining[row] * capacity_context[f];
+        query[row * d + f] = fixed_context[instance * d + f] + step;
+        f += CUBE_DIM_X as usize;
+    }
+    sync_cube();
 }
 
 /// One row's step (the cube's): its attention, logits and log-softmax into `output`.
