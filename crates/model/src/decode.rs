@@ -212,15 +212,11 @@ pub(crate) fn rollout_choosing(
         if checks.due(step) && state.finished().all().into_scalar::<bool>() {
             break;
         }
-        let choice = match follow {
-            Some(_) => Choice::Follows,
-            None => Choice::Chooses {
-                noise: noise.clone().map(|t| (t, step)),
-            },
-        };
-        let noise_column = match &choice {
-            Choice::Chooses { noise } => Some(noise.clone()),
-            Choice::Follows => None,
+        // `Some` where the decode chooses: the step's column of the noise, if it samples.
+        let noise_column = follow.is_none().then(|| noise.clone().map(|t| (t, step)));
+        let choice = match noise_column.clone() {
+            Some(noise) => Choice::Chooses { noise },
+            None => Choice::Follows,
         };
         let ModelStep { log_p, chosen } = next_step(&mut state, choice); // [R, N]
 

@@ -337,18 +337,19 @@ fn choose_and_step_kernel<F: Float, I: Int, M: Int>(
 ) {
     let row = (CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X) as usize;
     if row < row_count as usize {
-        let nodes = node_count as usize;
-        let uniform = noise[row * noise_width as usize + column as usize];
-        let to = choose_row(log_p, row * nodes, nodes, sample, uniform);
-        action_out[row] = I::cast_from(to);
-        step_row(
-            to,
+        choose_and_step_row(
+            log_p,
+            noise,
             row,
-            nodes,
+            node_count as usize,
+            sample,
+            noise_width as usize,
+            column as usize,
             demands,
             capacity,
             used,
             served,
+            action_out,
             used_out,
             served_out,
             mask_out,
@@ -358,10 +359,53 @@ fn choose_and_step_kernel<F: Float, I: Int, M: Int>(
     }
 }
 
+/// Row `row`'s choice from its log-probabilities (as [`choose_and_step_kernel`] says, the
+/// uniform at `noise[row · noise_width + column]`), written to `action_out`, and its step
+/// to the chosen node ([`step_row`]).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn choose_and_step_row<F: Float, I: Int, M: Int>(
+    log_p: &Tensor<F>,
+    noise: &Tensor<F>,
+    row: usize,
+    nodes: usize,
+    sample: u32,
+    noise_width: usize,
+    column: usize,
+    demands: &Tensor<F>,
+    capacity: &Tensor<F>,
+    used: &Tensor<F>,
+    served: &Tensor<F>,
+    action_out: &mut Tensor<I>,
+    used_out: &mut Tensor<F>,
+    served_out: &mut Tensor<F>,
+    mask_out: &mut Tensor<M>,
+    remaining_out: &mut Tensor<F>,
+    tolerance: f32,
+) {
+    let uniform = noise[row * noise_width + column];
+    let to = choose_row(log_p, row * nodes, nodes, sample, uniform);
+    action_out[row] = I::cast_from(to);
+    step_row(
+        to,
+        row,
+        nodes,
+        demands,
+        capacity,
+        used,
+        served,
+        used_out,
+        served_out,
+        mask_out,
+        remaining_out,
+        tolerance,
+    );
+}
+
 /// The node a row chooses from its `nodes` log-probabilities at `log_p[first..]`, as
 /// [`choose_and_step_kernel`] says; `uniform` is read only with `sample`.
 #[cube]
-pub(crate) fn choose_row<F: Float>(
+fn choose_row<F: Float>(
     log_p: &Tensor<F>,
     first: usize,
     nodes: usize,
@@ -404,7 +448,7 @@ pub(crate) fn choose_row<F: Float>(
 /// and the next mask.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn step_row<F: Float, M: Int>(
+fn step_row<F: Float, M: Int>(
     to: usize,
     row: usize,
     nodes: usize,

@@ -29,7 +29,7 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 
-use crate::state_kernel::{choose_row, step_row as state_step_row};
+use crate::state_kernel::choose_and_step_row;
 
 /// Units per cube (one row) on a GPU: a multiple of the warp, and past CVRP50's 51 nodes
 /// two passes over the nodes at most up to CVRP100.
@@ -529,7 +529,7 @@ fn decoder_step_from_context_kernel<F: Float, I: Int, M: Int>(
 }
 
 /// [`decoder_step_from_context_kernel`], then the row's choice and state step by the
-/// cube's first unit (`crate::state_kernel`'s `choose_row` and `step_row`), reading the
+/// cube's first unit (`crate::state_kernel::choose_and_step_row`), reading the
 /// log-probabilities the cube wrote: the barrier before makes them visible to it.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -592,19 +592,19 @@ fn decoder_step_and_choice_kernel<F: Float, I: Int, M: Int>(
     );
     sync_cube();
     if UNIT_POS_X == 0 {
-        let row = CUBE_POS_X as usize;
-        let nodes = node_count as usize;
-        let uniform = noise[row * noise_width as usize + column as usize];
-        let to = choose_row(&*log_p, row * nodes, nodes, sample, uniform);
-        action_out[row] = I::cast_from(to);
-        state_step_row(
-            to,
-            row,
-            nodes,
+        choose_and_step_row(
+            &*log_p,
+            noise,
+            CUBE_POS_X as usize,
+            node_count as usize,
+            sample,
+            noise_width as usize,
+            column as usize,
             demands,
             capacity,
             used,
             served,
+            action_out,
             used_out,
             served_out,
             mask_out,
