@@ -1125,7 +1125,8 @@ mod tests {
 
     #[test]
     fn scored_at_once_matches_step_by_step() {
-        assert_scored_at_once_matches_step_by_step(&Device::flex().autodiff());
+        let device = Backend::default_compiled().unwrap().device().unwrap();
+        assert_scored_at_once_matches_step_by_step(&device.autodiff());
     }
 
     /// [`assert_scored_at_once_matches_step_by_step`] on CubeCL's CPU runtime, where a

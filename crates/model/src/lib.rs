@@ -74,6 +74,8 @@ mod test_values {
 
     /// The gradients of a loss that weighs every entry of `out` differently (weights drawn
     /// from `seed`).
+    // Read only by the flex and CubeCL kernels' tests.
+    #[cfg_attr(not(any(feature = "flex", feature = "cpu")), allow(dead_code))]
     pub(crate) fn weighted_loss_grads<const D: usize>(
         out: &burn::tensor::Tensor<D>,
         seed: u64,
@@ -136,6 +138,8 @@ mod test_values {
     /// Each of `ours` within `relative` of the matching `reference`, relative to that
     /// reference's largest entry (exactly equal where it is all zero). `names` names the
     /// tensors, `case` the inputs, in the message of the first entry that is not.
+    // Read only by the flex and CubeCL kernels' tests.
+    #[cfg_attr(not(any(feature = "flex", feature = "cpu")), allow(dead_code))]
     pub(crate) fn assert_close(
         ours: &[Vec<f32>],
         reference: &[Vec<f32>],

@@ -81,7 +81,10 @@ pub fn main() -> ExitCode {
 /// checkpoint), 1 for a run or a solve that started and could not go on.
 pub fn exit_code(e: &TrainError) -> u8 {
     match e {
-        TrainError::NonFinite { .. } | TrainError::Infeasible(_) | TrainError::Failed(_) => 1,
+        TrainError::NonFinite { .. }
+        | TrainError::Infeasible(_)
+        | TrainError::Failed(_)
+        | TrainError::Device { .. } => 1,
         TrainError::Interrupted { signal, .. } => (128 + signal).clamp(1, 255) as u8,
         TrainError::Data(_)
         | TrainError::Backend(_)
@@ -128,6 +131,18 @@ fn run(cli: Cli) -> Result<ExitCode, TrainError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A device that fails at a read (on CUDA a kernel's fault surfaces there) stops the
+    /// command with status 1 and says what was being read and why, not a panic.
+    #[test]
+    fn a_failed_device_read_is_an_error_naming_what_was_read() {
+        let err = TrainError::device("the step's tours", "CUDA_ERROR_ILLEGAL_ADDRESS");
+        assert_eq!(
+            err.to_string(),
+            "the device failed while reading the step's tours: CUDA_ERROR_ILLEGAL_ADDRESS"
+        );
+        assert_eq!(exit_code(&err), 1);
+    }
 
     /// The `routeburn ...` command lines of the user-facing docs, as written.
     fn documented_command_lines() -> Vec<(String, Vec<String>)> {

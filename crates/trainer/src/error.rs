@@ -43,6 +43,11 @@ pub enum TrainError {
     /// A decoded solution that the cost crate's validator rejects: a bug, never costed.
     #[error("the model emitted an infeasible solution: {0}")]
     Infeasible(String),
+    /// The device failed while running or reading back queued work (on CUDA a kernel's
+    /// fault, or memory that ran out mid-step, surfaces at the next read). Nothing is
+    /// saved after it: the last checkpoint stays as it was.
+    #[error("the device failed while reading {what}: {message}")]
+    Device { what: String, message: String },
     /// A command that started and could not finish (drawing a plot, reading a backend's
     /// output).
     #[error("{0}")]
@@ -53,6 +58,14 @@ pub enum TrainError {
 }
 
 impl TrainError {
+    /// A failed device read of `what`.
+    pub fn device(what: &str, error: impl std::fmt::Display) -> Self {
+        Self::Device {
+            what: what.to_string(),
+            message: error.to_string(),
+        }
+    }
+
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Self::Io {
             path: path.into(),

@@ -17,18 +17,30 @@ pub(crate) fn int_data_to_i64(data: TensorData) -> Vec<i64> {
         .expect("int tensor data converts to i64")
 }
 
-/// Downloads several int tensors in one device read.
-pub(crate) fn download_ints(tensors: Vec<Tensor<2, Int>>) -> Vec<(Vec<i64>, [usize; 2])> {
+/// Downloaded `[rows, steps]` int tensors: each one's values, row-major, and its dims.
+pub(crate) type Downloaded = Vec<(Vec<i64>, [usize; 2])>;
+
+/// A transaction's device reads, or where the device fails (a CUDA kernel's fault
+/// surfaces at the read after it) a [`TrainError::Device`] naming `what` was read.
+pub(crate) fn read_back(tx: Transaction, what: &str) -> Result<Vec<TensorData>, TrainError> {
+    tx.try_execute().map_err(|e| TrainError::device(what, e))
+}
+
+/// Downloads several int tensors (`what` they are, for a failed read) in one device read.
+pub(crate) fn download_ints(
+    tensors: Vec<Tensor<2, Int>>,
+    what: &str,
+) -> Result<Downloaded, TrainError> {
     let dims: Vec<[usize; 2]> = tensors.iter().map(|t| t.dims()).collect();
     let mut tx = Transaction::default();
     for t in tensors {
         tx = tx.register(t);
     }
-    tx.execute()
+    Ok(read_back(tx, what)?
         .into_iter()
         .zip(dims)
         .map(|(d, dims)| (int_data_to_i64(d), dims))
-        .collect()
+        .collect())
 }
 
 /// Per-row costs of a decode of `batch`, after validating every row with the cost crate.
@@ -103,7 +115,10 @@ pub(crate) fn decode_costs(
             decode_in_chunks(model, &problem, range, options, chunk)
         });
         let rows = options.rows_per_instance(decoded.n);
-        let (actions, steps) = join_rows(download_ints(parts.into_iter().flatten().collect()));
+        let (actions, steps) = join_rows(download_ints(
+            parts.into_iter().flatten().collect(),
+            "the decoded tours",
+        )?);
         let row_costs = validated_costs(decoded, &actions, steps, rows)?;
         let best = best_per_instance(&row_costs, rows);
         costs.extend_from_slice(&best[..batch.size]);
@@ -113,7 +128,7 @@ pub(crate) fn decode_costs(
 
 /// Shards' `[rows, steps]` action blocks stacked into one, each row padded with depot
 /// visits (0) to the longest decode's steps.
-pub(crate) fn join_rows(parts: Vec<(Vec<i64>, [usize; 2])>) -> (Vec<i64>, usize) {
+pub(crate) fn join_rows(parts: Downloaded) -> (Vec<i64>, usize) {
     let steps = parts.iter().map(|(_, [_, t])| *t).max().unwrap_or(0);
     if parts.len() == 1 {
         return (parts.into_iter().next().expect("one part").0, steps);

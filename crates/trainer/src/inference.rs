@@ -402,7 +402,7 @@ fn best_solutions(
     strategy: Strategy,
     metric: Option<Metric>,
 ) -> Result<Vec<Solved>, TrainError> {
-    let (actions, steps) = join_rows(download_ints(parts));
+    let (actions, steps) = join_rows(download_ints(parts, "the decoded tours")?);
     // Validated against the (transformed) batch: feasibility does not depend on coordinates.
     let rows_per_decoded = decode_options(strategy, 1).rows_per_instance(batch.n);
     let row_costs = validated_costs(batch, &actions, steps, rows_per_decoded)?;

@@ -31,7 +31,7 @@ use routeburn_model::{
 
 use crate::config::{BaselineKind, Config, ModelConfig, ModelKind};
 use crate::error::TrainError;
-use crate::evaluate::int_data_to_i64;
+use crate::evaluate::{int_data_to_i64, read_back};
 use crate::inference::TrainedModel;
 use crate::run::checkpoint::{record_error, save_module};
 use crate::run::metrics::{EpochMetrics, Phase};
@@ -350,7 +350,7 @@ fn agreement_decode(
         .int();
         transaction = transaction.register(model.follow(problem, &tours).log_likelihood);
     }
-    let mut data = transaction.execute().into_iter();
+    let mut data = read_back(transaction, "the decode's tours and log-likelihoods")?.into_iter();
     let actions = int_data_to_i64(data.next().expect("actions"));
     let mut floats = || -> Result<Vec<f32>, TrainError> {
         data.next()

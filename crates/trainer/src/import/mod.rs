@@ -349,7 +349,10 @@ mod tests {
         let problem = DeviceBatch::upload(&batch, None, &device);
         let greedy = |model: &AttentionModel| {
             let out = model.decode(&problem, &DecodeOptions::greedy());
-            let [(actions, [_, steps])] = download_ints(vec![out.actions]).try_into().unwrap();
+            let [(actions, [_, steps])] = download_ints(vec![out.actions], "tours")
+                .unwrap()
+                .try_into()
+                .unwrap();
             let costs = validated_costs(&batch, &actions, steps, 1).unwrap();
             let tour = |i: usize| {
                 let mut tour = actions[i * steps..(i + 1) * steps].to_vec();
@@ -494,7 +497,10 @@ mod tests {
             .decode(&problem, &DecodeOptions::greedy())
             .actions;
         let b = exact.decode(&problem, &DecodeOptions::greedy()).actions;
-        let [(a, _), (b, _)] = download_ints(vec![a, b]).try_into().unwrap();
+        let [(a, _), (b, _)] = download_ints(vec![a, b], "tours")
+            .unwrap()
+            .try_into()
+            .unwrap();
         assert_ne!(a, b);
     }
 

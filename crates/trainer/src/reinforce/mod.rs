@@ -20,7 +20,7 @@ use routeburn_model::{AttentionModel, DecodeOptions, DecodeOutput, DeviceBatch, 
 
 use crate::config::{BaselineKind, Config, ModelConfig};
 use crate::error::TrainError;
-use crate::evaluate::{int_data_to_i64, join_rows, validated_costs};
+use crate::evaluate::{int_data_to_i64, join_rows, read_back, validated_costs};
 use crate::reinforce::baseline::{Baseline, Tours};
 use crate::reinforce::exponential::ExponentialBaseline;
 use crate::reinforce::pomo::SharedBaseline;
@@ -178,7 +178,7 @@ impl Reinforce {
         if let Some(p) = pending {
             tx = tx.register(p);
         }
-        let mut data = tx.execute().into_iter();
+        let mut data = read_back(tx, "the step's tours and statistics")?.into_iter();
         let mut tours = Vec::with_capacity(sampled.len());
         let mut ll_sum = 0.0f32;
         for s in sampled {

@@ -69,7 +69,7 @@ impl RecordedRollout {
                 return Ok(Some(actions));
             }
             let eager = model.decode(&DeviceBatch::upload(batch, None, device), options);
-            if read(actions.clone()) == read(eager.actions.clone()) {
+            if read(actions.clone())? == read(eager.actions.clone())? {
                 self.replay_checked = true;
                 return Ok(Some(actions));
             }
@@ -79,7 +79,7 @@ impl RecordedRollout {
         let refusal = match RecordedDecode::record(model, batch, options, device) {
             Ok((recorded, actions)) => {
                 let eager = model.decode(&DeviceBatch::upload(batch, None, device), options);
-                if read(actions.clone()) == read(eager.actions) {
+                if read(actions.clone())? == read(eager.actions)? {
                     self.recorded = Some(recorded);
                     self.replay_checked = false;
                     return Ok(Some(actions));
@@ -100,8 +100,11 @@ impl RecordedRollout {
     }
 }
 
-fn read(actions: Tensor<2, Int>) -> Vec<i64> {
-    int_data_to_i64(actions.into_data())
+fn read(actions: Tensor<2, Int>) -> Result<Vec<i64>, TrainError> {
+    let data = actions
+        .try_into_data()
+        .map_err(|e| TrainError::device("the rollout baseline's tours", e))?;
+    Ok(int_data_to_i64(data))
 }
 
 #[cfg(test)]

@@ -154,7 +154,12 @@ impl StepStats {
     /// step has no device read).
     pub(crate) fn flush(&mut self, epoch: usize, step: usize) -> Result<(), TrainError> {
         match self.pending.take() {
-            Some(p) => self.record(p.into_data(), epoch, step),
+            Some(p) => {
+                let data = p
+                    .try_into_data()
+                    .map_err(|e| TrainError::device("the loss and gradient norm", e))?;
+                self.record(data, epoch, step)
+            }
             None => Ok(()),
         }
     }
