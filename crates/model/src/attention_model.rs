@@ -17,7 +17,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
-use crate::backend::{steps_from_context, trains_through_cubecl};
+use crate::backend::{runs_through_cubecl, steps_from_context, trains_through_cubecl};
 use crate::decode::{
     cat_columns, rollout_choosing, Choice, DecodeOptions, DecodeOutput, ModelStep, Policy,
 };
@@ -389,13 +389,19 @@ impl AttentionModel {
             .reshape([b, n, heads, dk])
             / (dk as f64).sqrt(); // [B, N, H, dk]
 
-        // `* 1.0` (exact) makes the slice of `projected` a contiguous tensor once here: as
-        // a strided view, the fused step copied it whole at every decode step.
+        let fused = self.step_kernel == StepKernel::Fused && fused_on(&device, n, heads, d);
         let glimpse_values = projected
             .clone()
             .slice_dim(2, d..2 * d)
-            .reshape([b, n, heads, dk])
-            * 1.0; // [B, N, H, dk]
+            .reshape([b, n, heads, dk]); // [B, N, H, dk]
+                                         // `* 1.0` (exact) makes the slice of `projected` a contiguous tensor once here: as
+                                         // a strided view, flex's fused step copied it whole at every decode step. CubeCL's
+                                         // fused step reads only `by_feature`, whose kernel reads the view: there the copy
+                                         // would be a launch for nothing.
+        let glimpse_values = match fused && runs_through_cubecl(&device) {
+            true => glimpse_values,
+            false => glimpse_values * 1.0,
+        };
 
         // Linear layers here have no bias (Kool's too), so both folds are exact algebra.
         let step_weight = self.project_step_context.weight.val(); // [d + 1, d]
@@ -413,7 +419,6 @@ impl AttentionModel {
             p,
         )
         .reshape([b, n, d]); // [B, N, d]
-        let fused = self.step_kernel == StepKernel::Fused && fused_on(&device, n, heads, d);
         let by_feature =
             fused.then(|| keys_by_feature(&glimpse_keys, &glimpse_values, &logit_keys));
         Precomputed {
@@ -640,6 +645,10 @@ impl Policy for AttentionModel {
 
 #[cfg(test)]
 mod tests {
+    // The fused kernels' tests and their helpers exist where a fused kernel does (flex,
+    // CubeCL); an ndarray-only build compiles the rest.
+    #![cfg_attr(not(any(feature = "flex", feature = "cpu")), allow(dead_code))]
+
     use burn::tensor::TensorData;
 
     use super::*;
@@ -940,6 +949,8 @@ mod tests {
         }
     }
 
+    // The default device's fused step: flex's (ndarray has none).
+    #[cfg(feature = "flex")]
     #[test]
     fn fused_step_matches_op_by_op_single_start() {
         assert_fused_matches_op_by_op(StepCase {
@@ -952,6 +963,8 @@ mod tests {
         });
     }
 
+    // The default device's fused step: flex's (ndarray has none).
+    #[cfg(feature = "flex")]
     #[test]
     fn fused_step_matches_op_by_op_multi_start_with_temperature() {
         assert_fused_matches_op_by_op(StepCase {
@@ -967,6 +980,8 @@ mod tests {
     /// The shipped models' head size (16) and more nodes than one 8-lane vector: the
     /// kernel's vector paths, where the cases above take its lane-by-lane ones. Seven
     /// rollouts an instance go through its blocks of 4, 2 and 1 rows.
+    // The default device's fused step: flex's (ndarray has none).
+    #[cfg(feature = "flex")]
     #[test]
     fn fused_step_matches_op_by_op_at_vector_sizes() {
         assert_fused_matches_op_by_op(StepCase {
@@ -1123,6 +1138,8 @@ mod tests {
         }
     }
 
+    // The default device's fused step: flex's (ndarray has none).
+    #[cfg(feature = "flex")]
     #[test]
     fn scored_at_once_matches_step_by_step() {
         let device = Backend::default_compiled().unwrap().device().unwrap();

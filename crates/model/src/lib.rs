@@ -48,6 +48,10 @@ pub use state::{CvrpState, LoadArithmetic};
 /// Inputs the unit tests share.
 #[cfg(test)]
 mod test_values {
+    // The fused kernels' tests and their helpers exist where a fused kernel does (flex,
+    // CubeCL); an ndarray-only build compiles the rest.
+    #![cfg_attr(not(any(feature = "flex", feature = "cpu")), allow(dead_code))]
+
     /// Held by the tests that launch CubeCL kernels: the launch counter
     /// ([`crate::launches`]) sees every launch of the process.
     #[cfg(feature = "cpu")]
@@ -74,8 +78,6 @@ mod test_values {
 
     /// The gradients of a loss that weighs every entry of `out` differently (weights drawn
     /// from `seed`).
-    // Read only by the flex and CubeCL kernels' tests.
-    #[cfg_attr(not(any(feature = "flex", feature = "cpu")), allow(dead_code))]
     pub(crate) fn weighted_loss_grads<const D: usize>(
         out: &burn::tensor::Tensor<D>,
         seed: u64,
@@ -138,8 +140,6 @@ mod test_values {
     /// Each of `ours` within `relative` of the matching `reference`, relative to that
     /// reference's largest entry (exactly equal where it is all zero). `names` names the
     /// tensors, `case` the inputs, in the message of the first entry that is not.
-    // Read only by the flex and CubeCL kernels' tests.
-    #[cfg_attr(not(any(feature = "flex", feature = "cpu")), allow(dead_code))]
     pub(crate) fn assert_close(
         ours: &[Vec<f32>],
         reference: &[Vec<f32>],

@@ -2,8 +2,10 @@
 //!
 //! In Burn's tensor operations that is a `cat`, a transposed view and a second `cat` for
 //! the padding, and on flex each writes the whole tensor: ~2% of a `tiny_1` epoch. On
-//! flex it is one pass over the instances instead; elsewhere (CubeCL, ndarray) the
-//! tensor-operation form runs, which the tests compare against.
+//! flex it is one pass over the instances instead, and on CubeCL devices one kernel (the
+//! tensor operations were four launches there: a fused chain, a fill and two slice
+//! assignments); on ndarray the tensor-operation form runs, which the tests compare
+//! against.
 
 use burn::tensor::Tensor;
 
@@ -20,8 +22,9 @@ pub(crate) fn keys_by_feature(
     glimpse_values: &Tensor<4>,
     logit_keys: &Tensor<3>,
 ) -> Tensor<3> {
-    if crate::backend::runs_on_flex(&logit_keys.device()) {
-        on_flex(glimpse_keys, glimpse_values, logit_keys)
+    let device = logit_keys.device();
+    if crate::backend::runs_on_flex(&device) || crate::backend::runs_through_cubecl(&device) {
+        by_extension(glimpse_keys, glimpse_values, logit_keys)
     } else {
         op_by_op(glimpse_keys, glimpse_values, logit_keys)
     }
@@ -51,8 +54,10 @@ fn op_by_op(
     Tensor::cat(vec![by_feature, zeros], 2) // [B, 3d, Np]
 }
 
-#[cfg(feature = "flex")]
-fn on_flex(
+/// [`keys_by_feature`] as the backend's own operation (flex's and CubeCL's). The parts
+/// may be strided views: the CubeCL kernel reads them through their strides.
+#[cfg(any(feature = "flex", feature = "cuda", feature = "cpu"))]
+fn by_extension(
     glimpse_keys: &Tensor<4>,
     glimpse_values: &Tensor<4>,
     logit_keys: &Tensor<3>,
@@ -68,23 +73,31 @@ fn on_flex(
     Tensor::from_dispatch(out)
 }
 
-#[cfg(not(feature = "flex"))]
-fn on_flex(_: &Tensor<4>, _: &Tensor<4>, _: &Tensor<3>) -> Tensor<3> {
-    unreachable!("flex is not compiled in; check `runs_on_flex` first")
+#[cfg(not(any(feature = "flex", feature = "cuda", feature = "cpu")))]
+fn by_extension(_: &Tensor<4>, _: &Tensor<4>, _: &Tensor<3>) -> Tensor<3> {
+    unreachable!("no backend with its own keys by feature is compiled in")
 }
 
-#[cfg(feature = "flex")]
+#[cfg(any(feature = "flex", feature = "cuda", feature = "cpu"))]
 use extension::KeysByFeatureBackend;
 
-#[cfg(feature = "flex")]
+#[cfg(any(feature = "flex", feature = "cuda", feature = "cpu"))]
 mod extension {
     use burn::backend::backend_extension;
     use burn::backend::tensor::FloatTensor;
+    #[allow(unused_imports)] // in the Fusion metadata
+    use burn::tensor::Shape;
 
     /// [`super::keys_by_feature`] as a backend operation, untracked.
-    #[backend_extension(Autodiff: cfg(feature = "autodiff"), Flex: cfg(feature = "flex"))]
+    #[backend_extension(
+        Autodiff: cfg(feature = "autodiff"),
+        Flex: cfg(feature = "flex"),
+        Cube: cfg(any(feature = "cuda", feature = "cpu")),
+        Fusion: cfg(any(feature = "cuda", feature = "cpu"))
+    )]
     pub trait KeysByFeatureBackend: burn::backend::Backend {
         /// Three node-major `[B, N, d]` parts → `[B, 3d, Np]`, the parts in this order.
+        #[fusion(dtype = second, shape = Shape::new([second[0], 3 * second[2], second[1].div_ceil(8) * 8]))]
         fn keys_by_feature(
             first: FloatTensor<Self>,
             second: FloatTensor<Self>,
@@ -152,8 +165,129 @@ mod flex_impl {
     }
 }
 
+#[cfg(any(feature = "cuda", feature = "cpu"))]
+mod cube_impl {
+    use burn::backend::cubecl::dtype_to_storage_type;
+    use burn::backend::tensor::FloatTensor;
+    use burn::tensor::Shape;
+    use burn_cubecl::cubecl;
+    use burn_cubecl::cubecl::prelude::*;
+    use burn_cubecl::cubecl::{CubeCount, CubeDim};
+    use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+    use burn_cubecl::CubeBackend;
+
+    use super::KeysByFeatureBackend;
+
+    /// Units per cube: one output element each.
+    const UNITS: u32 = 256;
+
+    impl KeysByFeatureBackend for CubeBackend {
+        fn keys_by_feature(
+            first: FloatTensor<Self>,
+            second: FloatTensor<Self>,
+            third: FloatTensor<Self>,
+        ) -> FloatTensor<Self> {
+            let [b, n, d] = second.meta.shape().dims::<3>();
+            let np = n.div_ceil(8) * 8;
+            let (client, device) = (second.client.clone(), second.device.clone());
+            let out = empty_device_contiguous_dtype(
+                client.clone(),
+                device,
+                Shape::new([b, 3 * d, np]),
+                second.dtype,
+            );
+            let elements = (b * 3 * d * np) as u32;
+            let units = UNITS
+                .min(client.properties().hardware.max_units_per_cube)
+                .max(1);
+            by_feature_kernel::launch(
+                &client,
+                CubeCount::Static(elements.div_ceil(units).max(1), 1, 1),
+                CubeDim::new_1d(units),
+                first.into_tensor_arg(),
+                second.into_tensor_arg(),
+                third.into_tensor_arg(),
+                out.clone().into_tensor_arg(),
+                elements,
+                n as u32,
+                d as u32,
+                np as u32,
+                dtype_to_storage_type(out.dtype),
+            );
+            out
+        }
+    }
+
+    /// `out[b, p·d + f, j]` = part p's `[b, j, f]` (read through its strides), 0 for the
+    /// padding nodes j ≥ n: one unit per element of the contiguous output.
+    #[cube(launch)]
+    #[allow(clippy::too_many_arguments)]
+    fn by_feature_kernel<F: Float>(
+        first: &Tensor<F>,
+        second: &Tensor<F>,
+        third: &Tensor<F>,
+        out: &mut Tensor<F>,
+        elements: u32,
+        nodes: u32,
+        features: u32,
+        padded_nodes: u32,
+        #[define(F)] _dtype: ElemType,
+    ) {
+        let at = CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X;
+        if at < elements {
+            let node = at % padded_nodes;
+            let row = at / padded_nodes;
+            let feature = row % (3u32 * features);
+            let instance = (row / (3u32 * features)) as usize;
+            let part = feature / features;
+            let f = (feature % features) as usize;
+            let j = node as usize;
+            let mut value = F::new(0.0);
+            if node < nodes {
+                if part == 0u32 {
+                    value = first
+                        [instance * first.stride(0) + j * first.stride(1) + f * first.stride(2)];
+                } else if part == 1u32 {
+                    value = second
+                        [instance * second.stride(0) + j * second.stride(1) + f * second.stride(2)];
+                } else {
+                    value = third
+                        [instance * third.stride(0) + j * third.stride(1) + f * third.stride(2)];
+                }
+            }
+            out[at as usize] = value;
+        }
+    }
+
+    #[cfg(feature = "autodiff")]
+    mod autodiff {
+        use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+        use burn::backend::autodiff::Autodiff;
+        use burn::backend::tensor::FloatTensor;
+        use burn::backend::{AutodiffBackend, Cube};
+
+        use super::super::KeysByFeatureBackend;
+
+        impl<C: CheckpointStrategy> KeysByFeatureBackend for Autodiff<Cube, C> {
+            fn keys_by_feature(
+                first: FloatTensor<Self>,
+                second: FloatTensor<Self>,
+                third: FloatTensor<Self>,
+            ) -> FloatTensor<Self> {
+                let parts = [first, second, third].map(|t| t.into_primitive());
+                let [a, b, c] = parts;
+                <Self as AutodiffBackend>::from_inner(Cube::keys_by_feature(a, b, c))
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    // The fused kernels' tests and their helpers exist where a fused kernel does (flex,
+    // CubeCL); an ndarray-only build compiles the rest.
+    #![cfg_attr(not(any(feature = "flex", feature = "cpu")), allow(dead_code))]
+
     use burn::tensor::{Device, TensorData};
 
     use super::*;
@@ -223,28 +357,41 @@ mod tests {
         }
     }
 
-    /// The flex form is the tensor-operation form, value for value, on the shipped
-    /// models' sizes and odd ones, with and without autodiff (and strided inputs).
-    #[test]
-    fn keys_by_feature_on_flex_matches_the_tensor_operations() {
-        let device = default_device();
-        assert!(crate::backend::runs_on_flex(&device));
-        for device in [device.clone(), device.autodiff()] {
+    /// The backend's form is the tensor-operation form, value for value, on the shipped
+    /// models' sizes and odd ones, with and without autodiff, with strided inputs (slices
+    /// of the node projection, one of them at an offset).
+    fn assert_matches_the_tensor_operations(device: &Device) {
+        for device in [device.clone(), device.clone().autodiff()] {
             for [b, n, heads, dk] in [[3, 11, 8, 16], [2, 101, 8, 16], [4, 5, 2, 3], [1, 1, 1, 1]] {
                 let d = heads * dk;
                 let random = |seed| {
                     let data = TensorData::new(pseudo_random(b * n * d, seed, 1.0), [b, n, d]);
                     Tensor::<3>::from_data(data, &device)
                 };
-                let keys = random(1).reshape([b, n, heads, dk]);
-                // A strided view, as a slice of the node projection would be.
-                let values = Tensor::cat(vec![random(2), random(3)], 2)
-                    .slice_dim(2, 0..d)
-                    .reshape([b, n, heads, dk]);
+                let projected = Tensor::cat(vec![random(2), random(3), random(1)], 2); // [B, N, 3d]
+                let keys = projected.clone().slice_dim(2, d..2 * d);
+                let values = projected.slice_dim(2, 0..d);
+                let [keys, values] = [keys, values].map(|t| t.reshape([b, n, heads, dk]));
                 let [ours, reference] = both_forms(&keys, &values, &random(4));
                 assert!(reference.iter().any(|&x| x != 0.0));
                 assert_eq!(ours, reference, "[{b}, {n}, {heads}, {dk}]");
             }
         }
+    }
+
+    #[cfg(feature = "flex")]
+    #[test]
+    fn keys_by_feature_on_flex_matches_the_tensor_operations() {
+        let device = default_device();
+        assert!(crate::backend::runs_on_flex(&device));
+        assert_matches_the_tensor_operations(&device);
+    }
+
+    /// The CubeCL kernel, on CubeCL's CPU runtime.
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_keys_by_feature_matches_the_tensor_operations() {
+        let _alone = crate::test_values::one_cube_test_at_a_time();
+        assert_matches_the_tensor_operations(&Backend::Cpu.device().unwrap());
     }
 }
