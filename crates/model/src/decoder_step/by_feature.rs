@@ -104,14 +104,31 @@ mod extension {
             third: FloatTensor<Self>,
         ) -> FloatTensor<Self>;
     }
+
+    /// Untracked on any backend that has it: the keys by feature are read detached (the
+    /// step gives its gradients to the node-major parts).
+    #[cfg(feature = "autodiff")]
+    impl<B, C> KeysByFeatureBackend for burn::backend::autodiff::Autodiff<B, C>
+    where
+        B: KeysByFeatureBackend,
+        C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy,
+    {
+        fn keys_by_feature(
+            first: FloatTensor<Self>,
+            second: FloatTensor<Self>,
+            third: FloatTensor<Self>,
+        ) -> FloatTensor<Self> {
+            use burn::backend::AutodiffBackend;
+            let [first, second, third] = [first, second, third].map(|t| t.into_primitive());
+            <Self as AutodiffBackend>::from_inner(B::keys_by_feature(first, second, third))
+        }
+    }
 }
 
 #[cfg(feature = "flex")]
 mod flex_impl {
-    use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
-    use burn::backend::autodiff::Autodiff;
     use burn::backend::tensor::FloatTensor;
-    use burn::backend::{AutodiffBackend, Flex};
+    use burn::backend::Flex;
     use burn_flex::FlexTensor;
     use rayon::prelude::*;
 
@@ -149,18 +166,6 @@ mod flex_impl {
         ) -> FloatTensor<Self> {
             let parts = [first, second, third].map(|t| t.to_contiguous());
             by_feature([&parts[0], &parts[1], &parts[2]])
-        }
-    }
-
-    impl<C: CheckpointStrategy> KeysByFeatureBackend for Autodiff<Flex, C> {
-        fn keys_by_feature(
-            first: FloatTensor<Self>,
-            second: FloatTensor<Self>,
-            third: FloatTensor<Self>,
-        ) -> FloatTensor<Self> {
-            let parts = [first, second, third].map(|t| t.into_primitive());
-            let out = Flex::keys_by_feature(parts[0].clone(), parts[1].clone(), parts[2].clone());
-            <Self as AutodiffBackend>::from_inner(out)
         }
     }
 }
@@ -256,28 +261,6 @@ mod cube_impl {
                 }
             }
             out[at as usize] = value;
-        }
-    }
-
-    #[cfg(feature = "autodiff")]
-    mod autodiff {
-        use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
-        use burn::backend::autodiff::Autodiff;
-        use burn::backend::tensor::FloatTensor;
-        use burn::backend::{AutodiffBackend, Cube};
-
-        use super::super::KeysByFeatureBackend;
-
-        impl<C: CheckpointStrategy> KeysByFeatureBackend for Autodiff<Cube, C> {
-            fn keys_by_feature(
-                first: FloatTensor<Self>,
-                second: FloatTensor<Self>,
-                third: FloatTensor<Self>,
-            ) -> FloatTensor<Self> {
-                let parts = [first, second, third].map(|t| t.into_primitive());
-                let [a, b, c] = parts;
-                <Self as AutodiffBackend>::from_inner(Cube::keys_by_feature(a, b, c))
-            }
         }
     }
 }
