@@ -394,10 +394,11 @@ impl AttentionModel {
             .clone()
             .slice_dim(2, d..2 * d)
             .reshape([b, n, heads, dk]); // [B, N, H, dk]
-                                         // `* 1.0` (exact) makes the slice of `projected` a contiguous tensor once here: as
-                                         // a strided view, flex's fused step copied it whole at every decode step. CubeCL's
-                                         // fused step reads only `by_feature`, whose kernel reads the view: there the copy
-                                         // would be a launch for nothing.
+
+        // `* 1.0` (exact) makes the slice of `projected` a contiguous tensor once here: as
+        // a strided view, flex's fused step copied it whole at every decode step. CubeCL's
+        // fused step reads only `by_feature`, whose kernel reads the view: there the copy
+        // would be a launch for nothing.
         let glimpse_values = match fused && runs_through_cubecl(&device) {
             true => glimpse_values,
             false => glimpse_values * 1.0,
