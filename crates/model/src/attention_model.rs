@@ -11,6 +11,8 @@
 //! The step loop itself (state, selection, completion checks, host syncs) is shared with
 //! the pointer network: see `decode::rollout`.
 
+use std::sync::OnceLock;
+
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
@@ -145,8 +147,10 @@ pub struct Precomputed {
     precision: MatmulPrecision,
     /// `[B × S]` the first flattened node row of each rollout's instance (i · N): a step
     /// picks its last node's context row by `select`, a contiguous row copy, where a
-    /// `gather` of `[B, S, d]` indices reads one index per float.
-    row_offsets: Tensor<1, Int>,
+    /// `gather` of `[B, S, d]` indices reads one index per float. Made at the first
+    /// [`Precomputed::query`]: a decode that steps from its context never reads it, and
+    /// on CubeCL an arange is three launches.
+    row_offsets: OnceLock<Tensor<1, Int>>,
 }
 
 impl Precomputed {
@@ -160,7 +164,12 @@ impl Precomputed {
     fn query(&self, last: Tensor<2, Int>, remaining: Tensor<3>) -> Tensor<3> {
         let [b, n, d] = self.last_node_context.dims();
         let [rows, k] = last.dims();
-        let rows_of = last + self.row_offsets.clone().reshape([rows, 1]); // [R, K]
+        let row_offsets = self.row_offsets.get_or_init(|| {
+            Tensor::<1, Int>::arange(0..rows as i64, &last.device())
+                .div_scalar(self.starts as i64)
+                .mul_scalar(n as i64)
+        }); // [R]
+        let rows_of = last + row_offsets.clone().reshape([rows, 1]); // [R, K]
         let last_context = self
             .last_node_context
             .clone()
@@ -183,7 +192,7 @@ impl Precomputed {
             by_feature: self.by_feature.clone().map(|t| t.without_autodiff()),
             starts: self.starts,
             precision: self.precision,
-            row_offsets: self.row_offsets.clone().without_autodiff(),
+            row_offsets: OnceLock::new(),
         }
     }
 }
@@ -432,9 +441,7 @@ impl AttentionModel {
             by_feature,
             starts,
             precision: p,
-            row_offsets: Tensor::<1, Int>::arange(0..(b * starts) as i64, &device)
-                .div_scalar(starts as i64)
-                .mul_scalar(n as i64),
+            row_offsets: OnceLock::new(),
         }
     }
 
@@ -838,7 +845,7 @@ mod tests {
                 by_feature: None,
                 starts: s,
                 precision: MatmulPrecision::High,
-                row_offsets: Tensor::zeros([b * s], &device),
+                row_offsets: OnceLock::new(),
             };
             model.step_op_by_op(&pre, query.clone(), mask.clone(), case.temperature)
         };

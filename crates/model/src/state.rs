@@ -47,8 +47,6 @@ pub struct CvrpState {
     used_capacity: Tensor<2>,
     /// `[B, 1]` node the vehicle stands at.
     last_node: Tensor<2, Int>,
-    /// `[1, N]` 0, 1, …, n: each column's node, to mark the one a step serves.
-    node_ids: Tensor<2, Int>,
     /// Slack when a load is compared with the capacity.
     tolerance: f32,
 }
@@ -58,34 +56,35 @@ pub struct CvrpState {
 /// On CubeCL devices Burn's fusion compiles elementwise chains into one kernel, but a
 /// boolean `or`, `and` or `not`, a slice, an expand or a `cat` ends the chain: composed
 /// of those, the mask and the step were ~12 kernel launches a decode step. There the
-/// state keeps 0/1 floats: the first mask comes from comparisons, masked fills and one
-/// sum, which fuse (`mask_fusable`), and each step (with the decode's choice, where it
-/// chooses) and the next mask from one kernel of this crate's (`state_kernel`,
-/// [`CvrpState::choose_and_step`]). Elsewhere it keeps booleans.
+/// state keeps 0/1 floats, and each step (with the decode's choice, where it chooses)
+/// and the next mask come from one kernel of this crate's (`state_kernel`,
+/// [`CvrpState::choose_and_step`]), the first mask from its step to the depot. The same
+/// floats stepped by operations that fuse (`mask_fusable`) are its reference in the
+/// tests. Elsewhere the state keeps booleans.
 #[derive(Debug, Clone)]
 #[allow(
     clippy::large_enum_variant,
     reason = "one per decode, never in a collection: boxing would buy nothing"
 )]
 enum Visited {
-    Flags(Tensor<2, Bool>),
-    /// `[B, N]` 1 where served, 0 elsewhere; with `is_customer` `[1, N]`, 0 at the depot
-    /// and 1 elsewhere.
+    /// `[B, N]` true where served; with `node_ids` `[1, N]` 0, 1, …, n, each column's
+    /// node, to mark the one a step serves.
+    Flags {
+        visited: Tensor<2, Bool>,
+        node_ids: Tensor<2, Int>,
+    },
+    /// `[B, N]` 1 where served, 0 elsewhere, stepped by operations that fuse; with
+    /// `is_customer` `[1, N]`, 0 at the depot and 1 elsewhere. The state kernel's
+    /// reference, run in the tests.
     Ones {
         served: Tensor<2>,
         is_customer: Tensor<2>,
-        /// On CubeCL devices, the choice, the step and the next mask as one kernel
-        /// (`state_kernel`): the mask it made at the last step, and `[1, N]` true at the
-        /// customers, whose bool type the kernel's mask takes.
-        kernel: Option<StepKernelState>,
+        node_ids: Tensor<2, Int>,
     },
-}
-
-#[derive(Debug, Clone)]
-struct StepKernelState {
-    /// What the kernel made at the last step (none before the first).
-    last: Option<KernelStep>,
-    bool_like: Tensor<2, Bool>,
+    /// On CubeCL devices: what the state kernel made at the last step (its served
+    /// flags, load, next mask and remaining capacity). The decode starts from its step
+    /// to the depot, so no index row or first mask is made in Burn's operations there.
+    Kernel(KernelStep),
 }
 
 /// One step of the state kernel: the `[R, 1]` node moved to, the new load, served flags,
@@ -175,24 +174,51 @@ impl CvrpState {
                 (fractions, capacity.ones_like(), 0.0)
             }
         };
-        // One arange for all three: on CubeCL each is three launches (a fill, a cumulative
-        // sum and an affine map).
+        let (used_capacity, last_node) = (
+            Tensor::zeros([b, 1], &device),
+            Tensor::zeros([b, 1], &device),
+        );
+        if fusable && crate::backend::runs_through_cubecl(&device) {
+            // The decode starts from the state kernel's step to the depot from an empty
+            // state: the first mask and remaining capacity in one launch, where Burn's
+            // operations made an index row (three launches on CubeCL), the customer flags
+            // and a mask chain. Until that step the mask and remaining capacity are
+            // allocations that nothing reads (the kernel takes only the mask's bool type).
+            let empty = KernelStep {
+                action: last_node.clone(),
+                used: used_capacity.clone(),
+                served: Tensor::zeros([b, n], &device),
+                mask: Tensor::empty([b, n], &device),
+                remaining: Tensor::empty([b, 1], &device),
+            };
+            let mut state = Self {
+                visited: Visited::Kernel(empty),
+                used_capacity,
+                last_node: last_node.clone(),
+                demands,
+                capacity,
+                tolerance,
+            };
+            state.move_by_kernel(KernelMove::To(last_node));
+            return state;
+        }
+        // On CubeCL each arange is three launches (a fill, a cumulative sum and an affine
+        // map): one for both uses.
         let node_ids = Tensor::<1, Int>::arange(0..n as i64, &device).reshape([1, n]); // [1, N]
         Self {
             visited: match fusable {
                 true => Visited::Ones {
                     served: Tensor::zeros([b, n], &device),
                     is_customer: node_ids.clone().clamp_max(1).float(),
-                    kernel: crate::backend::runs_through_cubecl(&device).then(|| StepKernelState {
-                        last: None,
-                        bool_like: node_ids.clone().greater_elem(0),
-                    }),
+                    node_ids,
                 },
-                false => Visited::Flags(Tensor::<2>::zeros([b, n], &device).bool()),
+                false => Visited::Flags {
+                    visited: Tensor::<2>::zeros([b, n], &device).bool(),
+                    node_ids,
+                },
             },
-            used_capacity: Tensor::zeros([b, 1], &device),
-            last_node: Tensor::zeros([b, 1], &device),
-            node_ids,
+            used_capacity,
+            last_node,
             demands,
             capacity,
             tolerance,
@@ -213,15 +239,13 @@ impl CvrpState {
         self.last_node.clone()
     }
 
-    /// `[B, N]` true where a node may not be chosen next: one operation on flex, operations
-    /// CubeCL fuses on CubeCL devices, Burn's tensor operations elsewhere.
+    /// `[B, N]` true where a node may not be chosen next: one operation on flex, the state
+    /// kernel's on CubeCL devices, Burn's tensor operations elsewhere.
     pub fn mask(&self) -> Tensor<2, Bool> {
-        if let Some(last) = self.kernel_step() {
-            return last.mask.clone();
-        }
         let visited = match &self.visited {
+            Visited::Kernel(last) => return last.mask.clone(),
             Visited::Ones { .. } => return self.mask_fusable(),
-            Visited::Flags(visited) => visited,
+            Visited::Flags { visited, .. } => visited,
         };
         if crate::backend::runs_on_flex(&self.demands.device()) {
             return crate::mask_kernel::fused(crate::mask_kernel::MaskInputs {
@@ -283,13 +307,10 @@ impl CvrpState {
         Tensor::cat(vec![depot_mask, customer_mask], 1)
     }
 
-    /// What the state kernel made at the last step, if it has stepped.
+    /// What the state kernel made at the last step, where the state has the kernel.
     fn kernel_step(&self) -> Option<&KernelStep> {
         match &self.visited {
-            Visited::Ones {
-                kernel: Some(StepKernelState { last, .. }),
-                ..
-            } => last.as_ref(),
+            Visited::Kernel(last) => Some(last),
             _ => None,
         }
     }
@@ -314,61 +335,33 @@ impl CvrpState {
         &mut self,
         step: impl FnOnce(KernelStepInputs) -> KernelStep,
     ) -> Option<Tensor<2, Int>> {
-        let Visited::Ones {
-            served,
-            kernel: Some(_),
-            ..
-        } = &self.visited
-        else {
-            return None;
-        };
+        let last = self.kernel_step()?;
         let made = step(KernelStepInputs {
             demands: self.demands.clone(),
             capacity: self.capacity.clone(),
             used: self.used_capacity.clone(),
-            served: served.clone(),
+            served: last.served.clone(),
             tolerance: self.tolerance,
         });
-        self.take_kernel_step(made)
+        Some(self.take_kernel_step(made))
     }
 
     /// Runs the state kernel's step where the state has one (CubeCL devices): the `[R, 1]`
     /// nodes moved to; `None` (and nothing done) elsewhere.
     fn move_by_kernel(&mut self, how: KernelMove) -> Option<Tensor<2, Int>> {
-        let Visited::Ones {
-            served,
-            kernel: Some(kernel),
-            ..
-        } = &self.visited
-        else {
-            return None;
-        };
-        let step = self.run_state_kernel(how, served, &kernel.bool_like);
-        self.take_kernel_step(step)
+        // The kernel's mask takes the bool type of the last step's.
+        let last = self.kernel_step()?;
+        let step = self.run_state_kernel(how, &last.served, &last.mask);
+        Some(self.take_kernel_step(step))
     }
 
-    /// The state after a kernel's `step`; the `[R, 1]` nodes moved to. Call it only where
-    /// the state has a kernel.
-    fn take_kernel_step(&mut self, step: KernelStep) -> Option<Tensor<2, Int>> {
-        let Visited::Ones {
-            is_customer,
-            kernel: Some(kernel),
-            ..
-        } = &self.visited
-        else {
-            return None;
-        };
+    /// The state after a kernel's `step`; the `[R, 1]` nodes moved to.
+    fn take_kernel_step(&mut self, step: KernelStep) -> Tensor<2, Int> {
         self.used_capacity = step.used.clone();
         self.last_node = step.action.clone();
-        self.visited = Visited::Ones {
-            served: step.served.clone(),
-            is_customer: is_customer.clone(),
-            kernel: Some(StepKernelState {
-                bool_like: kernel.bool_like.clone(),
-                last: Some(step),
-            }),
-        };
-        self.kernel_step().map(|step| step.action.clone())
+        let action = step.action.clone();
+        self.visited = Visited::Kernel(step);
+        action
     }
 
     #[cfg(any(feature = "cuda", feature = "cpu"))]
@@ -447,8 +440,9 @@ impl CvrpState {
     /// `[B, 1]` true where every customer has been served.
     pub fn finished(&self) -> Tensor<2, Bool> {
         let visited = match &self.visited {
-            Visited::Flags(visited) => visited.clone(),
+            Visited::Flags { visited, .. } => visited.clone(),
             Visited::Ones { served, .. } => served.clone().greater_elem(0.5),
+            Visited::Kernel(last) => last.served.clone().greater_elem(0.5),
         };
         let [b, n] = visited.dims();
         visited.slice([0..b, 1..n]).all_dim(1)
@@ -470,26 +464,29 @@ impl CvrpState {
         // Not `one_hot`: Burn 0.22.1 checks its indices with a device read (`into_scalar`),
         // a host sync at every step, which a CUDA graph cannot record (error 907).
         self.visited = match &self.visited {
-            Visited::Flags(visited) => {
-                let served = self
-                    .node_ids
+            Visited::Flags { visited, node_ids } => {
+                let served = node_ids
                     .clone()
                     .expand([b, n])
                     .equal(action.clone().expand([b, n])); // [B, N]
-                Visited::Flags(visited.clone().bool_or(served))
+                Visited::Flags {
+                    visited: visited.clone().bool_or(served),
+                    node_ids: node_ids.clone(),
+                }
             }
             Visited::Ones {
                 served,
                 is_customer,
-                ..
+                node_ids,
             } => Visited::Ones {
                 // Broadcast, not expanded: an expand ends a fused chain.
                 served: served
                     .clone()
-                    .mask_fill(self.node_ids.clone().equal(action.clone()), 1.0), // [B, N]
+                    .mask_fill(node_ids.clone().equal(action.clone()), 1.0), // [B, N]
                 is_customer: is_customer.clone(),
-                kernel: None,
+                node_ids: node_ids.clone(),
             },
+            Visited::Kernel(_) => unreachable!("a kernel state moves by the kernel"),
         };
         self.last_node = action;
     }
@@ -536,7 +533,7 @@ mod tests {
         let mut ones = CvrpState::in_form(demands, capacity, arithmetic, true);
         let (mut depot_open_at_depot, mut depot_shut, mut fits_exactly) = (0, 0, 0);
         for step in 0..2 * n {
-            let Visited::Flags(visited) = &state.visited else {
+            let Visited::Flags { visited, .. } = &state.visited else {
                 panic!("flex keeps flags");
             };
             let reference = read_mask(state.mask_op_by_op(visited.clone()));
