@@ -589,6 +589,11 @@ impl<M: TrainingMethod> Run<M> {
         best: bool,
         elapsed: f64,
     ) -> Result<PathBuf, TrainError> {
+        // A failed device surfaces at its next read, and the save's reads are Burn's, which
+        // panic: wait for the device first, so that a failure is the run's error (and the
+        // last checkpoint stays) rather than a panic halfway through writing this one.
+        let ready = self.device.sync();
+        ready.map_err(|e| TrainError::device("the model for its checkpoint", e))?;
         let config = &self.opts.config;
         let name = Checkpoints::name(epochs, in_epoch.as_ref().map(|p| p.steps_done));
         let write = |dir: &Path| {
