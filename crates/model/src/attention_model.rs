@@ -1071,6 +1071,44 @@ mod tests {
         }
     }
 
+    /// With the node projection zeroed every open node's logit is 0, so each greedy step
+    /// is a tie among the open nodes, and the first open one wins (Burn's `argmax`): by
+    /// hand, from the depot the lowest customer left, from a customer the depot, so each
+    /// customer is a route of its own, in order. On CubeCL's CPU runtime, where the
+    /// decoder step's cube chooses (its argmax in parts, joined in node order), and on
+    /// flex.
+    #[cfg(all(feature = "cpu", feature = "flex"))]
+    #[test]
+    fn cube_greedy_ties_go_to_the_first_open_node() {
+        use burn::module::Param;
+        use routeburn_data::{Generator, InstanceRng};
+        let _alone = crate::test_values::one_cube_test_at_a_time();
+        let n = 7;
+        let batch = Generator::uniform(n).sample_batch(&mut InstanceRng::new(4), 3);
+        let mut expected: Vec<i64> = (1..=n as i64).flat_map(|c| [c, 0]).collect();
+        expected.pop();
+        for backend in [Backend::Flex, Backend::Cpu] {
+            let device = backend.device().unwrap();
+            let mut model = small_model(&device);
+            let projection = &mut model.project_node_embeddings;
+            projection.weight = Param::from_tensor(projection.weight.val().zeros_like());
+            projection.bias = projection
+                .bias
+                .take()
+                .map(|b| Param::from_tensor(b.val().zeros_like()));
+            let output = model.decode(
+                &DeviceBatch::upload(&batch, None, &device),
+                &DecodeOptions::greedy(),
+            );
+            let [rows, t] = output.actions.dims();
+            let actions = read_ints(output.actions);
+            for row in actions.chunks(t) {
+                let end = row.iter().rposition(|&a| a != 0).map_or(0, |p| p + 1);
+                assert_eq!(row[..end], expected[..], "{backend:?}, {rows} rows");
+            }
+        }
+    }
+
     /// The decode step by step, whatever the device (the reference `sample_then_score` is
     /// checked against).
     fn step_by_step(

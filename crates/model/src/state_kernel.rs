@@ -364,7 +364,7 @@ fn choose_and_step_kernel<F: Float, I: Int, M: Int>(
 /// to the chosen node ([`step_row`]).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn choose_and_step_row<F: Float, I: Int, M: Int>(
+fn choose_and_step_row<F: Float, I: Int, M: Int>(
     log_p: &Tensor<F>,
     noise: &Tensor<F>,
     row: usize,
@@ -463,36 +463,254 @@ fn step_row<F: Float, M: Int>(
     tolerance: f32,
 ) {
     let first = row * nodes;
-    let at_depot = to == 0;
-    let mut load = used[row] + demands[first + to];
-    if at_depot {
-        load = F::new(0.0);
-    }
-    used_out[row] = load;
-    remaining_out[row] = (capacity[row] - load) / capacity[row];
+    let load = load_after(to, row, nodes, demands, used);
+    write_load(row, load, capacity, used_out, remaining_out);
     let limit = capacity[row] + F::cast_from(tolerance);
     let mut open = 0u32;
     for node in 0..nodes {
-        let mut was_served = served[first + node];
-        if node == to {
-            was_served = F::new(1.0);
-        }
-        served_out[first + node] = was_served;
-        if node > 0 {
-            let closed = was_served > F::new(0.5) || demands[first + node] + load > limit;
-            let mut flag = 0u32;
-            if closed {
-                flag = 1u32;
-            } else {
-                open += 1u32;
-            }
-            mask_out[first + node] = M::cast_from(flag);
-        }
+        open += step_node(
+            node, to, first, load, limit, demands, served, served_out, mask_out,
+        );
     }
-    // At the depot with a customer left to serve: the depot is shut.
+    write_depot_flag(to, first, open > 0u32, mask_out);
+}
+
+/// Row `row`'s load after its step to `to`: `used + demand[to]`, 0 at the depot.
+#[cube]
+fn load_after<F: Float>(
+    to: usize,
+    row: usize,
+    nodes: usize,
+    demands: &Tensor<F>,
+    used: &Tensor<F>,
+) -> F {
+    let mut load = used[row] + demands[row * nodes + to];
+    if to == 0 {
+        load = F::new(0.0);
+    }
+    load
+}
+
+/// The row's new load and its remaining capacity fraction.
+#[cube]
+fn write_load<F: Float>(
+    row: usize,
+    load: F,
+    capacity: &Tensor<F>,
+    used_out: &mut Tensor<F>,
+    remaining_out: &mut Tensor<F>,
+) {
+    used_out[row] = load;
+    remaining_out[row] = (capacity[row] - load) / capacity[row];
+}
+
+/// Node `node`'s served flag after the row's step to `to`, and for a customer its mask
+/// entry: closed when served or when its demand would take the load past `limit`. Returns
+/// 1 for a customer left open, else 0. The row's nodes start at `first`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn step_node<F: Float, M: Int>(
+    node: usize,
+    to: usize,
+    first: usize,
+    load: F,
+    limit: F,
+    demands: &Tensor<F>,
+    served: &Tensor<F>,
+    served_out: &mut Tensor<F>,
+    mask_out: &mut Tensor<M>,
+) -> u32 {
+    let mut was_served = served[first + node];
+    if node == to {
+        was_served = F::new(1.0);
+    }
+    served_out[first + node] = was_served;
+    let mut open = 0u32;
+    if node > 0 {
+        let closed = was_served > F::new(0.5) || demands[first + node] + load > limit;
+        let mut flag = 0u32;
+        if closed {
+            flag = 1u32;
+        } else {
+            open = 1u32;
+        }
+        mask_out[first + node] = M::cast_from(flag);
+    }
+    open
+}
+
+/// The depot's mask entry: shut when the row stands at the depot with a customer left
+/// open (`any_open`), so that it does not wait there.
+#[cube]
+fn write_depot_flag<M: Int>(to: usize, first: usize, any_open: bool, mask_out: &mut Tensor<M>) {
     let mut depot_flag = 0u32;
-    if at_depot && open > 0u32 {
+    if to == 0 && any_open {
         depot_flag = 1u32;
     }
     mask_out[first] = M::cast_from(depot_flag);
+}
+
+/// [`choose_and_step_row`] for a cube's row by all its units, from the row's `nodes`
+/// log-probabilities in shared memory (`log_p`, as f32: exact for every float type, −∞ at
+/// closed nodes), with `scratch` (at least `room` floats, and `nodes`) to work in. The
+/// choices are the serial one's: the argmax's parts each keep the first of their largest
+/// and are joined taking the lower node among equals, and the sampled choice's sums run in
+/// node order, by the first unit, over exponentials the units make in the tensors' float
+/// type. On a GPU one unit's loop over the row's nodes in the device's memory was hundreds
+/// of dependent reads while the cube's other units waited; here the units share the
+/// nodes and read shared memory.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn choose_and_step_in_cube<F: Float, I: Int, M: Int>(
+    log_p: &Shared<[f32]>,
+    scratch: &mut Shared<[f32]>,
+    noise: &Tensor<F>,
+    row: usize,
+    nodes: usize,
+    sample: u32,
+    noise_width: usize,
+    column: usize,
+    demands: &Tensor<F>,
+    capacity: &Tensor<F>,
+    used: &Tensor<F>,
+    served: &Tensor<F>,
+    action_out: &mut Tensor<I>,
+    used_out: &mut Tensor<F>,
+    served_out: &mut Tensor<F>,
+    mask_out: &mut Tensor<M>,
+    remaining_out: &mut Tensor<F>,
+    tolerance: f32,
+    #[comptime] room: usize,
+) {
+    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
+    // The choice, and whether a customer is left open after the step.
+    let mut chosen = Shared::new_slice(2usize);
+    if sample == 1u32 {
+        sampled_in_cube(
+            log_p,
+            scratch,
+            noise,
+            row,
+            nodes,
+            noise_width,
+            column,
+            &mut chosen,
+        );
+    } else {
+        argmax_in_cube(log_p, scratch, nodes, room, &mut chosen);
+    }
+    sync_cube();
+
+    let to = usize::cast_from(chosen[0]);
+    let first = row * nodes;
+    let load = load_after(to, row, nodes, demands, used);
+    if unit == 0 {
+        action_out[row] = I::cast_from(to);
+        write_load(row, load, capacity, used_out, remaining_out);
+    }
+    let limit = capacity[row] + F::cast_from(tolerance);
+    let mut node = unit;
+    while node < nodes {
+        let open = step_node(
+            node, to, first, load, limit, demands, served, served_out, mask_out,
+        );
+        if open > 0u32 {
+            // Every unit that writes writes 1.
+            chosen[1] = f32::new(1.0);
+        }
+        node += units;
+    }
+    sync_cube();
+    if unit == 0 {
+        write_depot_flag(to, first, chosen[1] > f32::new(0.5), mask_out);
+    }
+}
+
+/// The first of the largest of `nodes` values, into `chosen[0]`, with `chosen[1]` cleared
+/// (both written by the first unit after a barrier; read them after the next). Each of up
+/// to `room / 2` units keeps the first of the largest among its nodes (every `parts`-th),
+/// and the first unit joins them, taking the lower node among equals.
+#[cube]
+fn argmax_in_cube(
+    values: &Shared<[f32]>,
+    scratch: &mut Shared<[f32]>,
+    nodes: usize,
+    #[comptime] room: usize,
+    chosen: &mut Shared<[f32]>,
+) {
+    let unit = UNIT_POS_X as usize;
+    let parts = (CUBE_DIM_X as usize).min(room / 2);
+    if unit < parts {
+        let mut best = f32::new(0.0);
+        let mut best_node = nodes;
+        let mut node = unit;
+        while node < nodes {
+            if best_node == nodes || values[node] > best {
+                best = values[node];
+                best_node = node;
+            }
+            node += parts;
+        }
+        scratch[2 * unit] = best;
+        scratch[2 * unit + 1] = f32::cast_from(best_node);
+    }
+    sync_cube();
+    if unit == 0 {
+        let mut best = scratch[0];
+        let mut best_node = usize::cast_from(scratch[1]);
+        for part in 1..parts {
+            let node = usize::cast_from(scratch[2 * part + 1]);
+            let value = scratch[2 * part];
+            if node < nodes && (value > best || (value == best && node < best_node)) {
+                best = value;
+                best_node = node;
+            }
+        }
+        chosen[0] = f32::cast_from(best_node);
+        chosen[1] = f32::new(0.0);
+    }
+}
+
+/// The sampled choice (`choose_row`'s) into `chosen[0]`, with `chosen[1]` cleared: the
+/// units make each node's probability, `exp(log_p)` in the tensors' float type, and the
+/// first unit sums them in node order.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn sampled_in_cube<F: Float>(
+    log_p: &Shared<[f32]>,
+    scratch: &mut Shared<[f32]>,
+    noise: &Tensor<F>,
+    row: usize,
+    nodes: usize,
+    noise_width: usize,
+    column: usize,
+    chosen: &mut Shared<[f32]>,
+) {
+    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
+    let mut node = unit;
+    while node < nodes {
+        scratch[node] = f32::cast_from(F::exp(F::cast_from(log_p[node])));
+        node += units;
+    }
+    sync_cube();
+    if unit == 0 {
+        let mut total = F::new(0.0);
+        for node in 0..nodes {
+            total += F::cast_from(scratch[node]);
+        }
+        let threshold = noise[row * noise_width + column] * total;
+        let mut cdf = F::new(0.0);
+        let mut below = 0usize;
+        for node in 0..nodes {
+            cdf += F::cast_from(scratch[node]);
+            if cdf < threshold {
+                below += 1;
+            }
+        }
+        if below > nodes - 1 {
+            below = nodes - 1;
+        }
+        chosen[0] = f32::cast_from(below);
+        chosen[1] = f32::new(0.0);
+    }
 }

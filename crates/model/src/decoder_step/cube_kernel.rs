@@ -29,7 +29,7 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 
-use crate::state_kernel::choose_and_step_row;
+use crate::state_kernel::choose_and_step_in_cube;
 
 /// Units per cube (one row) on a GPU: a multiple of the warp, and past CVRP50's 51 nodes
 /// two passes over the nodes at most up to CVRP100.
@@ -51,16 +51,20 @@ pub(crate) fn cube_dim(client: &cubecl::client::Client, units: u32) -> CubeDim {
     )
 }
 
+/// Units that share a head's softmax max (at most the head's size, so that the parts fit
+/// in the glimpse's `d` floats).
+const SOFTMAX_LANES: usize = 8;
+
 /// Static shared memory a CUDA block gets (48 KiB), in f32s.
 const SHARED_FLOATS: usize = 12 * 1024;
 
 /// Whether a step of `nodes` nodes (depot included), `heads` heads and `d` features fits the
-/// kernels' shared memory: the forward's `H·Np + Np + d + 1` floats, and with `training`
+/// kernels' shared memory: the forward's `H·Np + Np + d + 3` floats, and with `training`
 /// the backward's `2H·Np + Np + 2d + H + 1` (Np = `nodes` rounded up to 8). At H = 8 and
 /// d = 128 that is up to 1,344 nodes for inference and 704 for training.
 pub(crate) fn fits(nodes: usize, heads: usize, d: usize, training: bool) -> bool {
     let padded_nodes = nodes.div_ceil(8) * 8;
-    let forward = heads * padded_nodes + padded_nodes + d + 1;
+    let forward = heads * padded_nodes + padded_nodes + d + 3;
     let backward = 2 * heads * padded_nodes + padded_nodes + 2 * d + heads + 1;
     forward.max(if training { backward } else { 0 }) <= SHARED_FLOATS
 }
@@ -196,8 +200,8 @@ pub(crate) struct StateInputs {
 
 /// The step's log-probabilities, then each row's choice and the state's step to it, in
 /// one launch: [`forward_from_context`], then the state kernel's choice and step
-/// (`crate::state_kernel`) by the cube's first unit, on the log-probabilities the cube
-/// has just written.
+/// (`crate::state_kernel`) by the cube's units, on the log-probabilities the cube has just
+/// made.
 ///
 /// # Shapes
 /// - as [`forward_from_context`]; the state's as [`StateInputs`]
@@ -405,29 +409,69 @@ fn attend<F: Float, M: Int>(
     }
     sync_cube();
 
-    // Heads by unit, in turn where a cube has fewer units than heads.
-    let mut head = unit;
-    while head < heads {
-        let from = head * padded_nodes;
-        let mut max = f32::new(-3.0e38);
-        for node in 0..nodes {
+    // Each head's softmax over its open nodes: the max in parts (exact in any order), a
+    // part a (head, lane), reading shared memory; the exponentials by (head, node); the
+    // sum by a unit a head in node order, as flex's. `glimpse` holds the parts and then
+    // each head's max and sum (at `head · lanes`) until it is made.
+    let lanes = comptime!(if head_dim < SOFTMAX_LANES {
+        head_dim
+    } else {
+        SOFTMAX_LANES
+    });
+    let mut slot = unit;
+    while slot < heads * lanes {
+        let from = (slot / lanes) * padded_nodes;
+        let mut part = f32::new(-3.0e38);
+        let mut node = slot % lanes;
+        while node < nodes {
             if is_open(mask, at, node) {
-                max = max.max(attention[from + node]);
+                part = part.max(attention[from + node]);
             }
+            node += lanes;
         }
+        glimpse[slot] = part;
+        slot += units;
+    }
+    sync_cube();
+    let mut max_head = unit;
+    while max_head < heads {
+        let mut max = glimpse[max_head * lanes];
+        for lane in 1..lanes {
+            max = max.max(glimpse[max_head * lanes + lane]);
+        }
+        glimpse[max_head * lanes] = max;
+        max_head += units;
+    }
+    sync_cube();
+    let mut at_score = unit;
+    while at_score < heads * nodes {
+        let score_head = at_score / nodes;
+        let score_node = at_score % nodes;
+        let weight_at = score_head * padded_nodes + score_node;
+        let mut w = f32::new(0.0);
+        if is_open(mask, at, score_node) {
+            w = (attention[weight_at] - glimpse[score_head * lanes]).exp();
+        }
+        attention[weight_at] = w;
+        at_score += units;
+    }
+    sync_cube();
+    let mut sum_head = unit;
+    while sum_head < heads {
         let mut sum = f32::new(0.0);
         for node in 0..nodes {
-            let mut w = f32::new(0.0);
-            if is_open(mask, at, node) {
-                w = (attention[from + node] - max).exp();
-            }
-            attention[from + node] = w;
-            sum += w;
+            sum += attention[sum_head * padded_nodes + node];
         }
-        for node in 0..nodes {
-            attention[from + node] /= sum;
-        }
-        head += units;
+        glimpse[sum_head * lanes] = sum;
+        sum_head += units;
+    }
+    sync_cube();
+    let mut at_weight = unit;
+    while at_weight < heads * nodes {
+        let weight_head = at_weight / nodes;
+        let weight_at = weight_head * padded_nodes + at_weight % nodes;
+        attention[weight_at] /= glimpse[weight_head * lanes];
+        at_weight += units;
     }
     sync_cube();
 
@@ -461,11 +505,15 @@ fn decoder_step_kernel<F: Float, M: Int>(
     #[comptime] padded_nodes: usize,
     #[define(F, M)] _dtypes: [ElemType; 2],
 ) {
+    let mut attention = Shared::new_slice(heads * padded_nodes);
+    let mut logits = Shared::new_slice(padded_nodes);
     step_row(
         query,
         by_feature,
         mask,
         output,
+        &mut attention,
+        &mut logits,
         tanh_clipping,
         temperature,
         starts,
@@ -513,11 +561,15 @@ fn decoder_step_from_context_kernel<F: Float, I: Int, M: Int>(
         node_count,
         heads * head_dim,
     );
+    let mut attention = Shared::new_slice(heads * padded_nodes);
+    let mut logits = Shared::new_slice(padded_nodes);
     step_row(
         &*query,
         by_feature,
         mask,
         output,
+        &mut attention,
+        &mut logits,
         tanh_clipping,
         temperature,
         starts,
@@ -529,8 +581,8 @@ fn decoder_step_from_context_kernel<F: Float, I: Int, M: Int>(
 }
 
 /// [`decoder_step_from_context_kernel`], then the row's choice and state step by the
-/// cube's first unit (`crate::state_kernel::choose_and_step_row`), reading the
-/// log-probabilities the cube wrote: the barrier before makes them visible to it.
+/// cube's units (`crate::state_kernel::choose_and_step_in_cube`), from the
+/// log-probabilities the cube left in shared memory: the barrier before makes them visible.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn decoder_step_and_choice_kernel<F: Float, I: Int, M: Int>(
@@ -577,11 +629,15 @@ fn decoder_step_and_choice_kernel<F: Float, I: Int, M: Int>(
         node_count,
         heads * head_dim,
     );
+    let mut attention = Shared::new_slice(heads * padded_nodes);
+    let mut logits = Shared::new_slice(padded_nodes);
     step_row(
         &*query,
         by_feature,
         mask,
         log_p,
+        &mut attention,
+        &mut logits,
         tanh_clipping,
         temperature,
         starts,
@@ -591,27 +647,27 @@ fn decoder_step_and_choice_kernel<F: Float, I: Int, M: Int>(
         padded_nodes,
     );
     sync_cube();
-    if UNIT_POS_X == 0 {
-        choose_and_step_row(
-            &*log_p,
-            noise,
-            CUBE_POS_X as usize,
-            node_count as usize,
-            sample,
-            noise_width as usize,
-            column as usize,
-            demands,
-            capacity,
-            used,
-            served,
-            action_out,
-            used_out,
-            served_out,
-            mask_out,
-            remaining_out,
-            tolerance,
-        );
-    }
+    choose_and_step_in_cube(
+        &logits,
+        &mut attention,
+        noise,
+        CUBE_POS_X as usize,
+        node_count as usize,
+        sample,
+        noise_width as usize,
+        column as usize,
+        demands,
+        capacity,
+        used,
+        served,
+        action_out,
+        used_out,
+        served_out,
+        mask_out,
+        remaining_out,
+        tolerance,
+        heads * padded_nodes,
+    );
 }
 
 /// The cube's row's query, written to `query` `[B, S, d]`: the fixed context `[B, 1, d]` +
@@ -645,7 +701,9 @@ fn query_from_context<F: Float, I: Int>(
     sync_cube();
 }
 
-/// One row's step (the cube's): its attention, logits and log-softmax into `output`.
+/// One row's step (the cube's): its attention, logits and log-softmax into `output`, and
+/// into `logits` as f32 (−∞ at masked nodes), where the row's choice reads them. Works in
+/// `attention` (`heads · padded_nodes` floats); ends with both written, before a barrier.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn step_row<F: Float, M: Int>(
@@ -653,6 +711,8 @@ fn step_row<F: Float, M: Int>(
     by_feature: &Tensor<F>,
     mask: &Tensor<M>,
     output: &mut Tensor<F>,
+    attention: &mut Shared<[f32]>,
+    logits: &mut Shared<[f32]>,
     tanh_clipping: f32,
     temperature: f32,
     starts: u32,
@@ -668,16 +728,14 @@ fn step_row<F: Float, M: Int>(
     let (instance, start) = (row / starts as usize, row % starts as usize);
     let at = row_at(query, by_feature, mask, instance, start, row, nodes);
 
-    let mut attention = Shared::new_slice(heads * padded_nodes);
     let mut glimpse = Shared::new_slice(d);
-    let mut logits = Shared::new_slice(padded_nodes);
     let mut log_sum = Shared::new_slice(1usize);
     attend(
         query,
         by_feature,
         mask,
         &at,
-        &mut attention,
+        attention,
         &mut glimpse,
         heads,
         head_dim,
@@ -693,18 +751,44 @@ fn step_row<F: Float, M: Int>(
     }
     sync_cube();
 
-    if unit == 0 {
+    // The log-softmax's max over the open nodes in parts (exact in any order), then its
+    // sum of exponentials in node order, as flex's, from shared memory.
+    let parts = units.min(heads * padded_nodes);
+    if unit < parts {
         let mut max = f32::new(-3.0e38);
-        for node in 0..nodes {
+        let mut node = unit;
+        while node < nodes {
             if is_open(mask, &at, node) {
                 max = max.max(logits[node]);
             }
+            node += parts;
         }
+        attention[unit] = max;
+    }
+    sync_cube();
+    if unit == 0 {
+        let mut max = attention[0];
+        for part in 1..parts {
+            max = max.max(attention[part]);
+        }
+        log_sum[0] = max;
+    }
+    sync_cube();
+    let max = log_sum[0];
+    let mut node = unit;
+    while node < nodes {
+        let mut e = f32::new(0.0);
+        if is_open(mask, &at, node) {
+            e = (logits[node] - max).exp();
+        }
+        attention[node] = e;
+        node += units;
+    }
+    sync_cube();
+    if unit == 0 {
         let mut sum = f32::new(0.0);
         for node in 0..nodes {
-            if is_open(mask, &at, node) {
-                sum += (logits[node] - max).exp();
-            }
+            sum += attention[node];
         }
         log_sum[0] = max + sum.ln();
     }
@@ -718,6 +802,7 @@ fn step_row<F: Float, M: Int>(
             log_p = F::cast_from(logits[node] - log_sum[0]);
         }
         output[out + node * out_node] = log_p;
+        logits[node] = f32::cast_from(log_p);
         node += units;
     }
 }
@@ -873,14 +958,13 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
         let row = instance * starts as usize + start;
         let at = row_at(query, by_feature, mask, instance, start, row, nodes);
         let first = start == first_start;
-        // log_softmax's Σg over every entry, as the composed form takes it (read after
-        // `attend`'s barriers).
-        if unit == 0 {
-            let mut total = f32::new(0.0);
-            for node in 0..nodes {
-                total += f32::cast_from(grad_out[row * nodes + node]);
-            }
-            sums[heads] = total;
+        // The row's upstream gradient into shared memory (read after `attend`'s barriers),
+        // then log_softmax's Σg over every entry, in node order, as the composed form
+        // takes it: one unit's sum of shared values, not of the device's memory.
+        let mut g_node = unit;
+        while g_node < nodes {
+            d_raw[g_node] = f32::cast_from(grad_out[row * nodes + g_node]);
+            g_node += units;
         }
         attend(
             query,
@@ -893,6 +977,14 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
             head_dim,
             padded_nodes,
         );
+        if unit == 0 {
+            let mut total = f32::new(0.0);
+            for node in 0..nodes {
+                total += d_raw[node];
+            }
+            sums[heads] = total;
+        }
+        sync_cube();
 
         // log_softmax and tanh clipping: dz = g − p·Σg, d_raw = dz · C/T · (1 − tanh²).
         let mut node = unit;
@@ -901,7 +993,7 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
             let mut grad = f32::new(0.0);
             if is_open(mask, &at, node) {
                 let p = f32::cast_from(log_probs[row * nodes + node]).exp();
-                let dz = f32::cast_from(grad_out[row * nodes + node]) - p * sums[heads];
+                let dz = d_raw[node] - p * sums[heads];
                 grad = dz * slope * (1.0 - t * t);
             }
             d_raw[node] = grad;
@@ -1039,8 +1131,8 @@ mod tests {
         }
     }
 
-    /// By hand, at 8 heads and d = 128 (12,288 floats): the forward needs 9·Np + 129 floats,
-    /// so Np = 1,344 (12,225) fits and 1,352 (12,297) does not; training needs
+    /// By hand, at 8 heads and d = 128 (12,288 floats): the forward needs 9·Np + 131 floats,
+    /// so Np = 1,344 (12,227) fits and 1,352 (12,299) does not; training needs
     /// 17·Np + 265, so Np = 704 (12,233) fits and 712 (12,369) does not.
     #[test]
     fn shared_memory_bounds_the_nodes() {
