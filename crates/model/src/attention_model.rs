@@ -727,7 +727,7 @@ mod tests {
 
     #[test]
     fn decoder_step_matches_kools_matmul_form() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let device = Backend::first_on_host().unwrap().device().unwrap();
         let model = small_model(&device);
         let (r, n, d) = (3, 6, 16);
         let values: Vec<f32> = (0..r * n * d)
@@ -887,7 +887,7 @@ mod tests {
     }
 
     fn assert_fused_matches_op_by_op(case: StepCase) {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let device = Backend::first_on_host().unwrap().device().unwrap();
         assert_fused_matches_op_by_op_on(&device.autodiff(), case);
     }
 
@@ -913,7 +913,7 @@ mod tests {
     #[test]
     fn split_products_decode_as_plain_ones() {
         use routeburn_data::{Generator, InstanceRng};
-        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let device = Backend::first_on_host().unwrap().device().unwrap();
         let batch = Generator::uniform(10).sample_batch(&mut InstanceRng::new(5), 6);
         let problem = DeviceBatch::upload(&batch, None, &device);
         for step in [StepKernel::Fused, StepKernel::OpByOp] {
@@ -1188,7 +1188,7 @@ mod tests {
     #[cfg(feature = "flex")]
     #[test]
     fn scored_at_once_matches_step_by_step() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let device = Backend::first_on_host().unwrap().device().unwrap();
         assert_scored_at_once_matches_step_by_step(&device.autodiff());
     }
 
@@ -1207,7 +1207,7 @@ mod tests {
     /// embeddings repeated S times, one rollout each, is the reference.
     #[test]
     fn grouped_multi_start_step_matches_repeated_rows() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let device = Backend::first_on_host().unwrap().device().unwrap();
         let model = small_model(&device);
         let (b, s, n, d) = (2, 3, 4, 16);
         let values: Vec<f32> = (0..b * n * d)

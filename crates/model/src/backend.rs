@@ -93,6 +93,16 @@ impl Backend {
             .ok_or(BackendError::NoneCompiled)
     }
 
+    /// The first compiled backend that runs on the host's CPU: flex, else ndarray, else
+    /// CubeCL's CPU runtime. The tests run on it, so that a build with CUDA compiled in
+    /// (the bundle's) runs them on a machine without a GPU driver.
+    pub fn first_on_host() -> Result<Backend, BackendError> {
+        [Backend::Flex, Backend::Ndarray, Backend::Cpu]
+            .into_iter()
+            .find(|b| b.is_compiled())
+            .ok_or(BackendError::NoneCompiled)
+    }
+
     /// Resolves an optional user choice (`--backend`) against what was compiled in.
     pub fn resolve(requested: Option<&str>) -> Result<Backend, BackendError> {
         match requested {
@@ -258,6 +268,23 @@ impl FromStr for Backend {
             "cuda" => Ok(Backend::Cuda),
             "cpu" => Ok(Backend::Cpu),
             _ => Err(BackendError::Unknown(s.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Backend;
+
+    /// The tests' backend runs on the CPU whatever else is compiled in, and is flex where
+    /// flex is.
+    #[test]
+    fn the_tests_backend_is_on_the_host() {
+        let backend = Backend::first_on_host().unwrap();
+        assert!(backend.is_compiled());
+        assert_ne!(backend, Backend::Cuda);
+        if Backend::Flex.is_compiled() {
+            assert_eq!(backend, Backend::Flex);
         }
     }
 }

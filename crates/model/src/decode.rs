@@ -494,7 +494,7 @@ mod tests {
     /// node 2, (0.75, 1) node 3, never the masked node.
     #[test]
     fn sampling_picks_the_nodes_the_cdf_gives() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let device = Backend::first_on_host().unwrap().device().unwrap();
         let p = [0.5f32, 0.0, 0.25, 0.25];
         let uniforms = [0.01f32, 0.49, 0.5, 0.6, 0.74, 0.76, 0.99];
         let log_p: Vec<f32> = uniforms.iter().flat_map(|_| p.map(f32::ln)).collect();
@@ -573,7 +573,7 @@ mod tests {
     /// listed or running) for one made-up decode.
     #[test]
     fn running_record_matches_lists() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let device = Backend::first_on_host().unwrap().device().unwrap();
         let (rows, max_steps, steps) = (3, 6, 4);
         let mut lists = Record::new(false, rows, max_steps, &device);
         let mut running = Record::new(true, rows, max_steps, &device);
@@ -616,7 +616,7 @@ mod tests {
     /// every column in order.
     #[test]
     fn grouped_cat_keeps_the_columns_in_order() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let device = Backend::first_on_host().unwrap().device().unwrap();
         let columns: Vec<Tensor<2>> = (0..150)
             .map(|i| {
                 Tensor::from_data(

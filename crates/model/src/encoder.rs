@@ -276,7 +276,7 @@ mod tests {
     /// weight and the bias.
     #[test]
     fn per_node_matches_linear_on_three_dims_with_gradients() {
-        let device = Backend::default_compiled()
+        let device = Backend::first_on_host()
             .unwrap()
             .device()
             .unwrap()

@@ -300,7 +300,7 @@ mod tests {
     /// The CPU backends have no device graphs: recording says why, and nothing is written.
     #[test]
     fn recording_is_refused_with_the_reason_where_there_are_no_device_graphs() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let device = Backend::first_on_host().unwrap().device().unwrap();
         let model = small_model(&device);
         let (first, _) = two_batches();
         let refused = RecordedDecode::record(&model, &first, &DecodeOptions::greedy(), &device)

@@ -364,7 +364,7 @@ mod tests {
     use crate::test_values::{assert_close, pseudo_random, read, weighted_loss_grads};
 
     fn autodiff_device() -> Device {
-        Backend::default_compiled()
+        Backend::first_on_host()
             .unwrap()
             .device()
             .unwrap()
@@ -464,7 +464,7 @@ mod tests {
     /// Without autodiff (evaluation, the rollout baseline) the same output as with it.
     #[test]
     fn fused_linear_runs_without_autodiff() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let device = Backend::first_on_host().unwrap().device().unwrap();
         let layer = layer(&device, [6, 4], true);
         let x = TensorData::new(pseudo_random(5 * 6, 7, 1.0), [5, 6]);
         let on = |device: &Device| {

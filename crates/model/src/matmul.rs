@@ -138,7 +138,7 @@ mod tests {
 
     #[test]
     fn the_head_is_exact_in_tf32_and_the_parts_sum_to_x() {
-        let device = Backend::compiled()[0].device().unwrap();
+        let device = Backend::first_on_host().unwrap().device().unwrap();
         let values = awkward_values();
         let x = Tensor::<1>::from_data(TensorData::new(values.clone(), [values.len()]), &device);
         let (hi, lo) = split(x);
@@ -192,7 +192,7 @@ mod tests {
     /// f32's unit roundoff 2⁻²⁴ (measured 1.2e-8), where one TF32 product is off by 7.7e-5.
     #[test]
     fn three_tf32_products_are_as_close_as_f32() {
-        let device: Device = Backend::compiled()[0].device().unwrap();
+        let device: Device = Backend::first_on_host().unwrap().device().unwrap();
         let [m, k, n] = [9, 128, 7];
         let a = pseudo_random(m * k, 3, 2.0);
         let b = pseudo_random(k * n, 4, 0.5);
@@ -237,7 +237,7 @@ mod tests {
     /// rounding, batched dims included.
     #[test]
     fn highest_is_the_same_product() {
-        let device = Backend::compiled()[0].device().unwrap();
+        let device = Backend::first_on_host().unwrap().device().unwrap();
         let shape_a = [2, 3, 5, 16];
         let shape_b = [2, 3, 16, 4];
         let tensor = |shape: [usize; 4], seed| {

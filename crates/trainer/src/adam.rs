@@ -547,7 +547,7 @@ mod tests {
     }
 
     fn device() -> Device {
-        Backend::default_compiled()
+        Backend::first_on_host()
             .unwrap()
             .device()
             .unwrap()
@@ -650,13 +650,17 @@ mod tests {
         ours.save(&b, &our_file).unwrap();
         let inner = device.clone().inner();
         let mut ours_from_burns = adam(None, false).load(&b, &burns_file, &inner).unwrap();
-        let mut burns_from_ours = burns_adam(None).load(&our_file).unwrap();
         let g = grads(&a, 2, &device);
         let after_ours = ours_from_burns.step(1e-2, a.clone(), g, 0.0).unwrap().0;
-        let after_burns = burns_from_ours.step(1e-2, b.clone(), grads(&b, 2, &device));
         let continued = burns.step(1e-2, a.clone(), grads(&a, 2, &device));
         assert_eq!(bits(&after_ours), bits(&continued));
-        assert_eq!(bits(&after_burns), bits(&continued));
+        // Burn's `ModuleOptimizer::load` puts its moments on `Device::default()`, CUDA where
+        // it is compiled in: that half runs where the default device is the tests' own.
+        if !routeburn_model::Backend::Cuda.is_compiled() {
+            let mut burns_from_ours = burns_adam(None).load(&our_file).unwrap();
+            let after_burns = burns_from_ours.step(1e-2, b.clone(), grads(&b, 2, &device));
+            assert_eq!(bits(&after_burns), bits(&continued));
+        }
         // A state is per parameter id: another model's is refused, naming the file.
         let other = net(&device, 3);
         let err = adam(None, true)
@@ -708,7 +712,7 @@ mod tests {
 
     #[test]
     fn clips_to_the_global_norm() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let device = Backend::first_on_host().unwrap().device().unwrap();
         let vector = |v: &[f32]| Tensor::<1>::from_data(TensorData::from(v), &device);
         // Two segments, [3, 0] and [-4]: the norm is over both.
         let grads = vec![vector(&[3.0, 0.0]), vector(&[-4.0])];

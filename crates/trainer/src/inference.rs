@@ -538,7 +538,7 @@ mod tests {
     /// short by another's), so the padded batch's first solutions are the unpadded one's.
     #[test]
     fn a_padded_batch_solves_its_instances_as_the_unpadded_one() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let device = Backend::first_on_host().unwrap().device().unwrap();
         let model =
             RoutingModel::Attention(AttentionConfig::default().model_config().init(&device));
         let mut rng = InstanceRng::new(7);

@@ -601,7 +601,7 @@ fn compare_backends_same_backend_agrees_exactly() {
 [validation]\nsize = 16\n",
     )
     .unwrap();
-    let default = routeburn_model::Backend::default_compiled().unwrap().name();
+    let default = routeburn_model::Backend::first_on_host().unwrap().name();
     // compare-backends with `default` twice; its table, after asserting success.
     let compare_with_itself = |args: &[&std::ffi::OsStr]| -> String {
         let out = routeburn()
@@ -989,7 +989,7 @@ fn run_weights(run: &Path) -> Vec<f32> {
         .join("checkpoints")
         .join(latest.trim())
         .join("model.bpk");
-    let device = routeburn_model::Backend::default_compiled()
+    let device = routeburn_model::Backend::first_on_host()
         .unwrap()
         .device()
         .unwrap();

@@ -59,7 +59,7 @@ fn options(config: Config, run_dir: &Path, resume: bool, stop: Option<usize>) ->
     TrainOptions {
         config,
         run_dir: run_dir.to_path_buf(),
-        backend: Backend::default_compiled().unwrap(),
+        backend: Backend::first_on_host().unwrap(),
         resume,
         resume_from: None,
         stop_after_epochs: stop,
@@ -115,7 +115,7 @@ fn final_weights(run_dir: &Path, config: &Config) -> Vec<f32> {
     }
     let ckpt = run_dir.join("checkpoints");
     let latest = std::fs::read_to_string(ckpt.join("latest")).unwrap();
-    let device = Backend::default_compiled().unwrap().device().unwrap();
+    let device = Backend::first_on_host().unwrap().device().unwrap();
     let file = ckpt.join(latest.trim()).join("model.bpk");
     let mut c = Collect(vec![]);
     match &config.model {

@@ -287,7 +287,7 @@ mod tests {
     }
 
     fn default_device() -> Device {
-        Backend::default_compiled().unwrap().device().unwrap()
+        Backend::first_on_host().unwrap().device().unwrap()
     }
 
     /// One instance, 3 nodes, 2 heads of 1 feature (d = 2): each part's features by node,

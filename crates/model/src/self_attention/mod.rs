@@ -387,7 +387,7 @@ mod tests {
     #[cfg(feature = "flex")]
     #[test]
     fn fused_self_attention_does_not_depend_on_the_thread_count() {
-        let device = Backend::default_compiled()
+        let device = Backend::first_on_host()
             .unwrap()
             .device()
             .unwrap()

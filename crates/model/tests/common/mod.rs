@@ -8,7 +8,7 @@ use routeburn_model::{
 };
 
 pub fn device() -> Device {
-    Backend::default_compiled().unwrap().device().unwrap()
+    Backend::first_on_host().unwrap().device().unwrap()
 }
 
 /// A small model: validity does not depend on size, and small models keep thousands of

@@ -185,7 +185,7 @@ mod tests {
     /// legacy file and from the zip file written here), and his `args.json`'s architecture.
     #[test]
     fn kools_models_come_back_out_as_his_files() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let device = Backend::first_on_host().unwrap().device().unwrap();
         for n in [20, 100] {
             let original = kool(n).join("epoch-99.pt");
             let imported = import(&original, &device).unwrap();
@@ -234,7 +234,7 @@ mod tests {
 
     #[test]
     fn what_kools_model_cannot_hold_is_refused_or_warned_about() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let device = Backend::first_on_host().unwrap().device().unwrap();
         let export = |config: &AttentionConfig| {
             let model = config.model_config().init(&device);
             checkpoint(&model, config, 20, 1)

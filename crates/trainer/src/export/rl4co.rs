@@ -110,7 +110,7 @@ mod tests {
     /// `policy_kwargs` read back by burn-store's reader, and the same config imported.
     #[test]
     fn the_rl4co_fixture_comes_back_out_as_its_file() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let device = Backend::first_on_host().unwrap().device().unwrap();
         let imported = import(&fixture(), &device).unwrap();
         let out = checkpoint(&imported.model, &imported.config).unwrap();
         assert!(out.warnings.is_empty(), "{:?}", out.warnings);
@@ -150,7 +150,7 @@ mod tests {
     /// layers add to the same products: imported back, it is the same model.
     #[test]
     fn models_without_attention_biases_get_zeros() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let device = Backend::first_on_host().unwrap().device().unwrap();
         let config = small_config(2);
         let model = config.model_config().init(&device);
         let out = checkpoint(&model, &config).unwrap();

@@ -299,7 +299,7 @@ mod tests {
     }
 
     fn device() -> Device {
-        Backend::default_compiled().unwrap().device().unwrap()
+        Backend::first_on_host().unwrap().device().unwrap()
     }
 
     /// What the source's own code decodes greedily with its model (PyTorch, CPU): per
@@ -597,7 +597,7 @@ mod fuzz {
             std::fs::create_dir_all(&dir).unwrap();
             std::fs::copy(kool20().join("args.json"), dir.join("args.json")).unwrap();
             std::fs::write(dir.join("m.pt"), &bytes).unwrap();
-            let device = routeburn_model::Backend::default_compiled().unwrap().device().unwrap();
+            let device = routeburn_model::Backend::first_on_host().unwrap().device().unwrap();
             let result = import(&dir.join("m.pt"), &device);
             std::fs::remove_dir_all(&dir).ok();
             if let Err(e) = result {

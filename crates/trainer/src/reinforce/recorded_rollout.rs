@@ -119,7 +119,7 @@ mod tests {
     /// again, and the caller decodes eagerly.
     #[test]
     fn without_device_graphs_the_rollout_decodes_eagerly_and_records_once_at_most() {
-        let device = Backend::default_compiled().unwrap().device().unwrap();
+        let device = Backend::first_on_host().unwrap().device().unwrap();
         let model = AttentionModelConfig::new().init(&device);
         let batch = Generator::uniform(10).sample_batch(&mut InstanceRng::new(3), 4);
         let options = DecodeOptions::greedy();
