@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::decoder_step::StepKernel;
 use crate::linear;
 use crate::matmul::MatmulPrecision;
+use crate::normalization::BatchNorms;
 use crate::self_attention;
 
 /// Which normalisation follows each skip connection.
@@ -108,10 +109,22 @@ impl GraphEncoder {
         // The layers run on rows: on CubeCL a reshape ends a fused chain, and as rows each
         // product fuses with the bias and skip additions after it.
         let mut rows = h.reshape([b * n, d]); // [B × N, d]
+        let mut batch_norms = BatchNorms::new(self.batch_norms(), &rows.device());
         for layer in &self.layers {
-            rows = layer.forward(rows, n, p);
+            rows = layer.forward(rows, n, p, &mut batch_norms);
         }
+        batch_norms.finish();
         rows.reshape([b, n, d])
+    }
+
+    /// The layers' batch norms, in the order the forward pass runs them.
+    fn batch_norms(&self) -> impl Iterator<Item = &BatchNorm> {
+        let norms = self.layers.iter();
+        let norms = norms.flat_map(|layer| [&layer.attention_norm, &layer.feed_forward_norm]);
+        norms.filter_map(|norm| match norm {
+            Norm::Batch(bn) => Some(bn),
+            _ => None,
+        })
     }
 }
 
@@ -137,15 +150,24 @@ impl EncoderLayer {
     }
 
     /// One layer over the rows of B instances of `nodes` nodes each, products at `p`.
+    /// Its batch norms run through `batch_norms`.
     ///
     /// # Shapes
     /// - `h`: `[B × N, d]` → `[B × N, d]`
-    pub fn forward(&self, h: Tensor<2>, nodes: usize, p: MatmulPrecision) -> Tensor<2> {
+    pub(crate) fn forward<'a>(
+        &'a self,
+        h: Tensor<2>,
+        nodes: usize,
+        p: MatmulPrecision,
+        batch_norms: &mut BatchNorms<'a>,
+    ) -> Tensor<2> {
         let attended = self.attention.forward(h.clone(), nodes, p); // [B × N, d]
-        let h = self.attention_norm.forward(h + attended, nodes);
+        let h = self
+            .attention_norm
+            .forward(h + attended, nodes, batch_norms);
         let hidden = relu(linear::forward(&self.feed_forward_in, h.clone(), p)); // [B × N, ff]
         let ff = linear::forward(&self.feed_forward_out, hidden, p); // [B × N, d]
-        self.feed_forward_norm.forward(h + ff, nodes)
+        self.feed_forward_norm.forward(h + ff, nodes, batch_norms)
     }
 }
 
@@ -235,15 +257,21 @@ impl Norm {
     }
 
     /// Over the rows of B instances of `nodes` nodes each.
+    /// Its batch norms run through `batch_norms`.
     ///
     /// # Shapes
     /// - `h`: `[B × N, d]` → `[B × N, d]`
-    pub fn forward(&self, h: Tensor<2>, nodes: usize) -> Tensor<2> {
+    pub(crate) fn forward<'a>(
+        &'a self,
+        h: Tensor<2>,
+        nodes: usize,
+        batch_norms: &mut BatchNorms<'a>,
+    ) -> Tensor<2> {
         match self {
             // Batch norm over every node of the batch: as rows the features already sit on
             // axis 1, and the output stays contiguous (a swapped view would be copied by
             // every later gather and reshape).
-            Norm::Batch(bn) => crate::normalization::batch_norm(bn, h),
+            Norm::Batch(bn) => batch_norms.forward(bn, h),
             Norm::Instance(inn) => crate::normalization::instance_norm(inn, h, nodes),
             Norm::Layer(ln) => ln.forward(h),
         }

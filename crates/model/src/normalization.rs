@@ -19,34 +19,141 @@
 //! is a per-feature scale and shift, which Burn does in one broadcast pass). Elsewhere
 //! (ndarray) Burn's modules run, which the tests compare against.
 
-use burn::nn::{BatchNorm, InstanceNorm};
-use burn::tensor::Tensor;
+use std::collections::VecDeque;
 
-/// `norm` over the rows of `x`, updating its running statistics as Burn's does.
+use burn::nn::{BatchNorm, InstanceNorm};
+use burn::tensor::{Device, Tensor};
+
+/// The batch norms of one forward pass through the encoder, in the order it runs them.
 ///
-/// # Shapes
-/// - `x`: `[R, d]` → `[R, d]`
-pub(crate) fn batch_norm(norm: &BatchNorm, x: Tensor<2>) -> Tensor<2> {
-    let device = x.device();
-    let training = device.is_autodiff() && norm.training.is_enabled();
-    if !(training && fused_on(&device)) {
-        return norm.forward(x);
+/// Both forms keep work on CubeCL from splitting into extra kernels (a reshape there ends
+/// a fused chain), and neither changes a number:
+/// - in training, each batch's statistics are folded into the running statistics after
+///   the last layer ([`Self::finish`]): the folds are then one fused kernel, not one a norm
+///   (6 launches for 3 layers);
+/// - in inference, the parameters and running statistics are reshaped to `[1, d]` before
+///   the first layer, so each norm's operations fuse with the additions before it (Burn's
+///   `batch_norm` reshapes them between: 6 more launches for 3 layers).
+pub(crate) struct BatchNorms<'a> {
+    device: Device,
+    inference_forms: VecDeque<InferenceForm<'a>>,
+    running_updates: Vec<RunningUpdate<'a>>,
+}
+
+impl<'a> BatchNorms<'a> {
+    /// For `norms`, in the order [`Self::forward`] will be called on them, on `device`.
+    pub(crate) fn new(norms: impl IntoIterator<Item = &'a BatchNorm>, device: &Device) -> Self {
+        let inference_forms = norms
+            .into_iter()
+            .filter(|norm| !in_training(norm, device))
+            .map(|norm| InferenceForm::new(norm, device))
+            .collect();
+        Self {
+            device: device.clone(),
+            inference_forms,
+            running_updates: Vec::new(),
+        }
     }
-    let [rows, d] = x.dims();
-    let (out, mean, variance) = fused(x, norm.gamma.val(), norm.beta.val(), norm.epsilon, rows);
-    // The same update as `BatchNorm::forward_train`. Reshaped first: on CubeCL a reshape
-    // ends a fused chain, and after them both updates fuse into one kernel.
-    let [mean, variance] = [mean, variance].map(|batch| batch.reshape([d]));
-    let [running_mean, running_var] = [&norm.running_mean, &norm.running_var]
-        .map(|running| running.value_sync().to_device(&device));
-    let momentum = norm.momentum;
-    let update = |running: Tensor<1>, batch: Tensor<1>| {
-        let running = running.mul_scalar(1.0 - momentum);
-        running.add(batch.mul_scalar(momentum)).detach()
-    };
-    norm.running_mean.update(update(running_mean, mean));
-    norm.running_var.update(update(running_var, variance));
-    out
+
+    /// `norm` over the rows of `x`, updating its running statistics in training as Burn's
+    /// does (at [`Self::finish`]).
+    ///
+    /// # Shapes
+    /// - `x`: `[R, d]` → `[R, d]`
+    pub(crate) fn forward(&mut self, norm: &'a BatchNorm, x: Tensor<2>) -> Tensor<2> {
+        if !in_training(norm, &self.device) {
+            let form = self.inference_forms.pop_front();
+            let form = form.expect("a batch norm run that `BatchNorms::new` was not given");
+            assert!(
+                std::ptr::eq(form.norm, norm),
+                "batch norms run out of order"
+            );
+            return form.apply(x);
+        }
+        if !fused_on(&self.device) {
+            return norm.forward(x);
+        }
+        let [rows, d] = x.dims();
+        let (out, mean, variance) = fused(x, norm.gamma.val(), norm.beta.val(), norm.epsilon, rows);
+        // Reshaped here, ahead of the folds, which then fuse into one kernel.
+        let [mean, variance] = [mean, variance].map(|batch| batch.reshape([d]));
+        let update = RunningUpdate {
+            norm,
+            mean,
+            variance,
+        };
+        self.running_updates.push(update);
+        out
+    }
+
+    /// Folds the training batches' statistics into the running statistics.
+    pub(crate) fn finish(self) {
+        self.running_updates
+            .into_iter()
+            .for_each(RunningUpdate::apply);
+    }
+}
+
+fn in_training(norm: &BatchNorm, device: &Device) -> bool {
+    device.is_autodiff() && norm.training.is_enabled()
+}
+
+/// A batch norm's inference form with its parameters and running statistics as `[1, d]`:
+/// the operations of Burn's default `batch_norm`, in its order.
+struct InferenceForm<'a> {
+    norm: &'a BatchNorm,
+    /// Gamma, beta, the running mean and the running variance.
+    rows: [Tensor<2>; 4],
+}
+
+impl<'a> InferenceForm<'a> {
+    fn new(norm: &'a BatchNorm, device: &Device) -> Self {
+        let row = |t: Tensor<1>| t.to_device(device).unsqueeze_dim::<2>(0); // [1, d]
+        let rows = [
+            row(norm.gamma.val()),
+            row(norm.beta.val()),
+            row(norm.running_mean.value()),
+            row(norm.running_var.value()),
+        ];
+        Self { norm, rows }
+    }
+
+    /// # Shapes
+    /// - `x`: `[R, d]` → `[R, d]`
+    fn apply(self, x: Tensor<2>) -> Tensor<2> {
+        let [gamma, beta, mean, variance] = self.rows;
+        let std = variance.add_scalar(self.norm.epsilon).sqrt(); // [1, d]
+        x.sub(mean).div(std).mul(gamma).add(beta)
+    }
+}
+
+/// A training batch's mean and variance per feature, not yet folded into its batch norm's
+/// running statistics.
+struct RunningUpdate<'a> {
+    norm: &'a BatchNorm,
+    mean: Tensor<1>,
+    variance: Tensor<1>,
+}
+
+impl RunningUpdate<'_> {
+    /// The same update as `BatchNorm::forward_train`.
+    fn apply(self) {
+        let Self {
+            norm,
+            mean,
+            variance,
+        } = self;
+        let device = mean.device();
+        let [running_mean, running_var] = [&norm.running_mean, &norm.running_var]
+            .map(|running| running.value_sync().to_device(&device));
+        let momentum = norm.momentum;
+        let update = |running: Tensor<1>, batch: Tensor<1>| {
+            let running = running.mul_scalar(1.0 - momentum);
+            running.add(batch.mul_scalar(momentum)).detach()
+        };
+        norm.running_mean.update(update(running_mean, mean));
+        norm.running_var.update(update(running_var, variance));
+    }
 }
 
 /// `norm` over each instance's `nodes` rows, in training and inference alike (it keeps no
@@ -560,7 +667,7 @@ mod flex_impl {
 #[cfg(all(test, any(feature = "flex", feature = "cpu")))]
 mod tests {
     use burn::module::Param;
-    use burn::nn::{BatchNormConfig, InstanceNormConfig};
+    use burn::nn::{BatchNorm, BatchNormConfig, InstanceNormConfig};
     use burn::tensor::{Device, TensorData};
 
     use super::*;
@@ -615,7 +722,10 @@ mod tests {
         let x = Tensor::<2>::from_data(TensorData::new(features(rows, d), [rows, d]), device)
             .require_grad();
         let out = if fused {
-            batch_norm(&norm, x.clone())
+            let mut norms = BatchNorms::new([&norm], device);
+            let out = norms.forward(&norm, x.clone());
+            norms.finish();
+            out
         } else {
             norm.forward(x.clone())
         };
@@ -668,9 +778,58 @@ mod tests {
         let norm = BatchNormConfig::new(3).init(&device);
         let x = Tensor::<2>::from_data(TensorData::new(vec![1.0f32, 2.0, 3.0], [1, 3]), &device);
         // Running mean 0 and variance 1: the output is the input, up to epsilon.
-        for (a, r) in read(batch_norm(&norm, x)).iter().zip([1.0, 2.0, 3.0]) {
+        let out = BatchNorms::new([&norm], &device).forward(&norm, x);
+        for (a, r) in read(out).iter().zip([1.0, 2.0, 3.0]) {
             assert!((a - r).abs() < 1e-4, "{a} vs {r}");
         }
+    }
+
+    /// The inference form, its parameters reshaped before the input comes, gives Burn's
+    /// `BatchNorm::forward` bit for bit: every parameter and statistic set, one norm after
+    /// another on the same rows as in the encoder.
+    fn assert_inference_form_is_burns(backend: Backend) {
+        let device = backend.device().unwrap();
+        let (rows, d) = (33, 128);
+        let norms: Vec<BatchNorm> = (0..2u64)
+            .map(|i| {
+                let mut norm = BatchNormConfig::new(d).init(&device);
+                [norm.gamma, norm.beta] = affine(d, &device);
+                let stat = |seed: u64, shift: f32| {
+                    let values = pseudo_random(d, 20 + 2 * i + seed, 1.0);
+                    let values = values.iter().map(|v| v + shift).collect::<Vec<_>>();
+                    Tensor::<1>::from_data(TensorData::new(values, [d]), &device)
+                };
+                norm.running_mean.update(stat(0, 0.0));
+                norm.running_var.update(stat(1, 1.5));
+                norm
+            })
+            .collect();
+        let x = Tensor::<2>::from_data(TensorData::new(features(rows, d), [rows, d]), &device);
+        let skip = x.clone() * 0.5;
+        let mut batch_norms = BatchNorms::new(&norms, &device);
+        let mut ours = x.clone();
+        let mut burns = x;
+        for norm in &norms {
+            ours = batch_norms.forward(norm, ours + skip.clone());
+            burns = norm.forward(burns + skip.clone());
+        }
+        batch_norms.finish();
+        assert_eq!(read(ours), read(burns));
+    }
+
+    #[cfg(feature = "flex")]
+    #[test]
+    fn batch_norm_inference_form_is_burns() {
+        assert_inference_form_is_burns(Backend::Flex);
+    }
+
+    /// On CubeCL the operations fuse differently from Burn's (that is the point): the same
+    /// numbers still.
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_batch_norm_inference_form_is_burns() {
+        let _alone = crate::test_values::one_cube_test_at_a_time();
+        assert_inference_form_is_burns(Backend::Cpu);
     }
 
     /// Instance norm of `d` features with [`affine`]'s gamma and beta.
