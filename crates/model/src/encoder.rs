@@ -162,12 +162,10 @@ impl EncoderLayer {
         batch_norms: &mut BatchNorms<'a>,
     ) -> Tensor<2> {
         let attended = self.attention.forward(h.clone(), nodes, p); // [B × N, d]
-        let h = self
-            .attention_norm
-            .forward(h + attended, nodes, batch_norms);
+        let h = (self.attention_norm).forward(attended, h, nodes, batch_norms);
         let hidden = relu(linear::forward(&self.feed_forward_in, h.clone(), p)); // [B × N, ff]
         let ff = linear::forward(&self.feed_forward_out, hidden, p); // [B × N, d]
-        self.feed_forward_norm.forward(h + ff, nodes, batch_norms)
+        self.feed_forward_norm.forward(ff, h, nodes, batch_norms)
     }
 }
 
@@ -256,14 +254,15 @@ impl Norm {
         }
     }
 
-    /// Over the rows of B instances of `nodes` nodes each.
-    /// Its batch norms run through `batch_norms`.
+    /// Over `x + skip`, a block's output and its skip connection, the rows of B instances of
+    /// `nodes` nodes each. Its batch norms run through `batch_norms`.
     ///
     /// # Shapes
-    /// - `h`: `[B × N, d]` → `[B × N, d]`
+    /// - `x`, `skip`: `[B × N, d]` → `[B × N, d]`
     pub(crate) fn forward<'a>(
         &'a self,
-        h: Tensor<2>,
+        x: Tensor<2>,
+        skip: Tensor<2>,
         nodes: usize,
         batch_norms: &mut BatchNorms<'a>,
     ) -> Tensor<2> {
@@ -271,9 +270,9 @@ impl Norm {
             // Batch norm over every node of the batch: as rows the features already sit on
             // axis 1, and the output stays contiguous (a swapped view would be copied by
             // every later gather and reshape).
-            Norm::Batch(bn) => batch_norms.forward(bn, h),
-            Norm::Instance(inn) => crate::normalization::instance_norm(inn, h, nodes),
-            Norm::Layer(ln) => ln.forward(h),
+            Norm::Batch(bn) => batch_norms.forward(bn, x, skip),
+            Norm::Instance(inn) => crate::normalization::instance_norm(inn, x, skip, nodes),
+            Norm::Layer(ln) => ln.forward(x + skip),
         }
     }
 }

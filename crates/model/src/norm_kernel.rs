@@ -46,17 +46,17 @@ fn empty(like: &CubeTensor, shape: Shape) -> CubeTensor {
     empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, like.dtype)
 }
 
-/// The rows of `x` normalised in groups of `group_rows`, and each group's mean and
+/// The rows of `x + skip` normalised in groups of `group_rows`, and each group's mean and
 /// (biased) variance per feature.
 ///
 /// # Shapes
-/// - `x`: `[R, d]`, `gamma`, `beta`: `[d]` → `[R, d]`, `[G, d]`, `[G, d]`
+/// - `x`, `skip`: `[R, d]`, `gamma`, `beta`: `[d]` → `[R, d]`, `[G, d]`, `[G, d]`
 pub(crate) fn forward(
-    [x, gamma, beta]: [CubeTensor; 3],
+    [x, skip, gamma, beta]: [CubeTensor; 4],
     epsilon: f32,
     group_rows: usize,
 ) -> [CubeTensor; 3] {
-    let [x, gamma, beta] = [x, gamma, beta].map(into_contiguous);
+    let [x, skip, gamma, beta] = [x, skip, gamma, beta].map(into_contiguous);
     let [rows, d] = x.meta.shape().dims::<2>();
     let (groups, group_rows) = group_sizes(rows, group_rows);
     let out = empty(&x, x.meta.shape().clone());
@@ -67,6 +67,7 @@ pub(crate) fn forward(
         CubeCount::Static((groups * d) as u32, 1, 1),
         cube_dim(&client, units_for(group_rows)),
         x.clone().into_tensor_arg(),
+        skip.into_tensor_arg(),
         gamma.into_tensor_arg(),
         beta.into_tensor_arg(),
         out.clone().into_tensor_arg(),
@@ -81,18 +82,18 @@ pub(crate) fn forward(
     [out, mean, variance]
 }
 
-/// The input's gradient, and each group's share of gamma's and beta's.
+/// The gradient of the input `x + skip`, and each group's share of gamma's and beta's.
 ///
 /// # Shapes
-/// - `x`, `grad_out`: `[R, d]`, `gamma`: `[d]`, `mean`, `variance`: `[G, d]` →
+/// - `x`, `skip`, `grad_out`: `[R, d]`, `gamma`: `[d]`, `mean`, `variance`: `[G, d]` →
 ///   `[R, d]`, `[G, d]`, `[G, d]`
 pub(crate) fn backward(
-    [x, gamma, mean, variance, grad_out]: [CubeTensor; 5],
+    [x, skip, gamma, mean, variance, grad_out]: [CubeTensor; 6],
     epsilon: f32,
     group_rows: usize,
 ) -> [CubeTensor; 3] {
-    let [x, gamma, mean, variance, grad_out] =
-        [x, gamma, mean, variance, grad_out].map(into_contiguous);
+    let [x, skip, gamma, mean, variance, grad_out] =
+        [x, skip, gamma, mean, variance, grad_out].map(into_contiguous);
     let [rows, d] = x.meta.shape().dims::<2>();
     let (groups, group_rows) = group_sizes(rows, group_rows);
     let x_grad = empty(&x, x.meta.shape().clone());
@@ -103,6 +104,7 @@ pub(crate) fn backward(
         CubeCount::Static((groups * d) as u32, 1, 1),
         cube_dim(&client, units_for(group_rows)),
         x.clone().into_tensor_arg(),
+        skip.into_tensor_arg(),
         gamma.into_tensor_arg(),
         mean.into_tensor_arg(),
         variance.into_tensor_arg(),
@@ -162,10 +164,18 @@ fn cube_sum(partials: &mut Shared<[f32]>, partial: f32) -> f32 {
     total
 }
 
+/// The skip connection's sum at `i`, in the tensors' float type as a separate addition
+/// would have made it.
+#[cube]
+fn sum_at<F: Float>(x: &Tensor<F>, skip: &Tensor<F>, i: usize) -> f32 {
+    f32::cast_from(x[i] + skip[i])
+}
+
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn norm_rows_kernel<F: Float>(
     x: &Tensor<F>,
+    skip: &Tensor<F>,
     gamma: &Tensor<F>,
     beta: &Tensor<F>,
     out: &mut Tensor<F>,
@@ -185,7 +195,7 @@ fn norm_rows_kernel<F: Float>(
     let mut partial = f32::new(0.0);
     let mut r = unit;
     while r < at.rows {
-        partial += f32::cast_from(x[at.first + r * at.d]);
+        partial += sum_at(x, skip, at.first + r * at.d);
         r += step;
     }
     let m = cube_sum(&mut partials, partial) / count;
@@ -193,7 +203,7 @@ fn norm_rows_kernel<F: Float>(
     let mut partial = f32::new(0.0);
     let mut r = unit;
     while r < at.rows {
-        let c = f32::cast_from(x[at.first + r * at.d]) - m;
+        let c = sum_at(x, skip, at.first + r * at.d) - m;
         partial += c * c;
         r += step;
     }
@@ -205,7 +215,7 @@ fn norm_rows_kernel<F: Float>(
     let mut r = unit;
     while r < at.rows {
         let i = at.first + r * at.d;
-        out[i] = F::cast_from((f32::cast_from(x[i]) - m) * scale + shift);
+        out[i] = F::cast_from((sum_at(x, skip, i) - m) * scale + shift);
         r += step;
     }
     if unit == 0 {
@@ -220,6 +230,7 @@ fn norm_rows_kernel<F: Float>(
 #[allow(clippy::too_many_arguments)]
 fn norm_rows_backward_kernel<F: Float>(
     x: &Tensor<F>,
+    skip: &Tensor<F>,
     gamma: &Tensor<F>,
     mean: &Tensor<F>,
     variance: &Tensor<F>,
@@ -247,7 +258,7 @@ fn norm_rows_backward_kernel<F: Float>(
         let i = at.first + r * at.d;
         let g = f32::cast_from(grad_out[i]);
         grad_sum += g;
-        projected += g * ((f32::cast_from(x[i]) - m) * s);
+        projected += g * ((sum_at(x, skip, i) - m) * s);
         r += step;
     }
     let beta_total = cube_sum(&mut partials, grad_sum);
@@ -259,7 +270,7 @@ fn norm_rows_backward_kernel<F: Float>(
     while r < at.rows {
         let i = at.first + r * at.d;
         let g = f32::cast_from(grad_out[i]);
-        let centred = f32::cast_from(x[i]) - m;
+        let centred = sum_at(x, skip, i) - m;
         x_grad[i] = F::cast_from(k * (g - mean_grad - centred * projection));
         r += step;
     }

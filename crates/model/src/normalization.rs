@@ -55,12 +55,17 @@ impl<'a> BatchNorms<'a> {
         }
     }
 
-    /// `norm` over the rows of `x`, updating its running statistics in training as Burn's
-    /// does (at [`Self::finish`]).
+    /// `norm` over the rows of `x + skip`, updating its running statistics in training as
+    /// Burn's does (at [`Self::finish`]).
     ///
     /// # Shapes
-    /// - `x`: `[R, d]` → `[R, d]`
-    pub(crate) fn forward(&mut self, norm: &'a BatchNorm, x: Tensor<2>) -> Tensor<2> {
+    /// - `x`, `skip`: `[R, d]` → `[R, d]`
+    pub(crate) fn forward(
+        &mut self,
+        norm: &'a BatchNorm,
+        x: Tensor<2>,
+        skip: Tensor<2>,
+    ) -> Tensor<2> {
         if !in_training(norm, &self.device) {
             let form = self.inference_forms.pop_front();
             let form = form.expect("a batch norm run that `BatchNorms::new` was not given");
@@ -68,13 +73,14 @@ impl<'a> BatchNorms<'a> {
                 std::ptr::eq(form.norm, norm),
                 "batch norms run out of order"
             );
-            return form.apply(x);
+            return form.apply(x + skip);
         }
         if !fused_on(&self.device) {
-            return norm.forward(x);
+            return norm.forward(x + skip);
         }
         let [rows, d] = x.dims();
-        let (out, mean, variance) = fused(x, norm.gamma.val(), norm.beta.val(), norm.epsilon, rows);
+        let (gamma, beta) = (norm.gamma.val(), norm.beta.val());
+        let (out, mean, variance) = fused([x, skip], gamma, beta, norm.epsilon, rows);
         // Reshaped here, ahead of the folds, which then fuse into one kernel.
         let [mean, variance] = [mean, variance].map(|batch| batch.reshape([d]));
         let update = RunningUpdate {
@@ -156,21 +162,26 @@ impl RunningUpdate<'_> {
     }
 }
 
-/// `norm` over each instance's `nodes` rows, in training and inference alike (it keeps no
-/// running statistics).
+/// `norm` of `x + skip` over each instance's `nodes` rows, in training and inference
+/// alike (it keeps no running statistics).
 ///
 /// # Shapes
-/// - `x`: `[B × N, d]` → `[B × N, d]`
-pub(crate) fn instance_norm(norm: &InstanceNorm, x: Tensor<2>, nodes: usize) -> Tensor<2> {
+/// - `x`, `skip`: `[B × N, d]` → `[B × N, d]`
+pub(crate) fn instance_norm(
+    norm: &InstanceNorm,
+    x: Tensor<2>,
+    skip: Tensor<2>,
+    nodes: usize,
+) -> Tensor<2> {
     let [rows, d] = x.dims();
     match (&norm.gamma, &norm.beta) {
         (Some(gamma), Some(beta)) if fused_on(&x.device()) => {
-            let (out, _, _) = fused(x, gamma.val(), beta.val(), norm.epsilon, nodes);
+            let (out, _, _) = fused([x, skip], gamma.val(), beta.val(), norm.epsilon, nodes);
             out
         }
         // Burn's takes the features on axis 1.
         _ => {
-            let x = x.reshape([rows / nodes, nodes, d]).swap_dims(1, 2); // [B, d, N]
+            let x = (x + skip).reshape([rows / nodes, nodes, d]).swap_dims(1, 2); // [B, d, N]
             norm.forward(x).swap_dims(1, 2).reshape([rows, d])
         }
     }
@@ -182,14 +193,19 @@ fn fused_on(device: &burn::tensor::Device) -> bool {
     crate::backend::runs_on_flex(device) || crate::backend::runs_through_cubecl(device)
 }
 
-/// The rows normalised in groups of `group_rows` consecutive rows, and each group's mean
-/// and (biased) variance per feature, untracked; call it only where [`fused_on`] holds.
+/// The rows of `x + skip` normalised in groups of `group_rows` consecutive rows, and each
+/// group's mean and (biased) variance per feature, untracked; call it only where
+/// [`fused_on`] holds.
+///
+/// The skip connection's addition is the operation's own: on CubeCL it would otherwise be
+/// a launch of its own before each attention's norm (a product without bias comes before).
 ///
 /// # Shapes
-/// - `x`: `[R, d]`, `gamma`, `beta`: `[d]` → `[R, d]`, `[G, d]`, `[G, d]` (G = R / group_rows)
+/// - `x`, `skip`: `[R, d]`, `gamma`, `beta`: `[d]` → `[R, d]`, `[G, d]`, `[G, d]`
+///   (G = R / group_rows)
 #[cfg(any(feature = "flex", feature = "cuda", feature = "cpu"))]
 fn fused(
-    x: Tensor<2>,
+    [x, skip]: [Tensor<2>; 2],
     gamma: Tensor<1>,
     beta: Tensor<1>,
     epsilon: f64,
@@ -198,6 +214,7 @@ fn fused(
     use burn::backend::Dispatch;
     let (out, mean, variance) = <Dispatch as NormBackend>::norm_rows(
         x.into_dispatch(),
+        skip.into_dispatch(),
         gamma.into_dispatch(),
         beta.into_dispatch(),
         epsilon,
@@ -212,7 +229,7 @@ fn fused(
 
 #[cfg(not(any(feature = "flex", feature = "cuda", feature = "cpu")))]
 fn fused(
-    _x: Tensor<2>,
+    _x_and_skip: [Tensor<2>; 2],
     _gamma: Tensor<1>,
     _beta: Tensor<1>,
     _epsilon: f64,
@@ -241,6 +258,7 @@ mod extension {
         #[fusion(meta = super::cube_impl::norm_metadata)]
         fn norm_rows(
             x: FloatTensor<Self>,
+            skip: FloatTensor<Self>,
             gamma: FloatTensor<Self>,
             beta: FloatTensor<Self>,
             epsilon: f64,
@@ -263,6 +281,7 @@ mod cube_impl {
     /// The output `[R, d]` and the groups' statistics `[G, d]`, for Fusion.
     pub(super) fn norm_metadata(
         x: &TensorSpec,
+        _skip: &TensorSpec,
         _gamma: &TensorSpec,
         _beta: &TensorSpec,
         _epsilon: &f64,
@@ -278,6 +297,7 @@ mod cube_impl {
     #[allow(clippy::too_many_arguments)]
     fn grads_metadata(
         x: &TensorSpec,
+        _skip: &TensorSpec,
         _gamma: &TensorSpec,
         mean: &TensorSpec,
         _variance: &TensorSpec,
@@ -293,12 +313,13 @@ mod cube_impl {
     /// autodiff backward of [`NormBackend::norm_rows`] runs there.
     #[backend_extension(Cube, Fusion)]
     pub trait NormGradsBackend: burn::backend::Backend {
-        /// The input's gradient and each group's share of gamma's and beta's, from the
-        /// output's `grad_out` and the forward's `mean` and `variance`.
+        /// The gradient of the input `x + skip` and each group's share of gamma's and
+        /// beta's, from the output's `grad_out` and the forward's `mean` and `variance`.
         #[allow(clippy::too_many_arguments)]
         #[fusion(meta = grads_metadata)]
         fn norm_rows_grads(
             x: FloatTensor<Self>,
+            skip: FloatTensor<Self>,
             gamma: FloatTensor<Self>,
             mean: FloatTensor<Self>,
             variance: FloatTensor<Self>,
@@ -311,13 +332,14 @@ mod cube_impl {
     impl NormBackend for CubeBackend {
         fn norm_rows(
             x: FloatTensor<Self>,
+            skip: FloatTensor<Self>,
             gamma: FloatTensor<Self>,
             beta: FloatTensor<Self>,
             epsilon: f64,
             group_rows: usize,
         ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
             let [out, mean, variance] =
-                norm_kernel::forward([x, gamma, beta], epsilon as f32, group_rows);
+                norm_kernel::forward([x, skip, gamma, beta], epsilon as f32, group_rows);
             (out, mean, variance)
         }
     }
@@ -325,6 +347,7 @@ mod cube_impl {
     impl NormGradsBackend for CubeBackend {
         fn norm_rows_grads(
             x: FloatTensor<Self>,
+            skip: FloatTensor<Self>,
             gamma: FloatTensor<Self>,
             mean: FloatTensor<Self>,
             variance: FloatTensor<Self>,
@@ -332,7 +355,7 @@ mod cube_impl {
             epsilon: f32,
             group_rows: usize,
         ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-            let inputs = [x, gamma, mean, variance, grad_out];
+            let inputs = [x, skip, gamma, mean, variance, grad_out];
             let [x_grad, gamma_grad, beta_grad] =
                 norm_kernel::backward(inputs, epsilon, group_rows);
             (x_grad, gamma_grad, beta_grad)
@@ -357,20 +380,22 @@ mod cube_impl {
         #[derive(Debug)]
         struct CubeNormBackward;
 
-        impl Backward<Cube, 3> for CubeNormBackward {
-            /// The input, gamma, the groups' mean and variance, epsilon and the group size.
-            type State = ([FloatTensor<Cube>; 4], f32, usize);
+        impl Backward<Cube, 4> for CubeNormBackward {
+            /// The input and the skip, gamma, the groups' mean and variance, epsilon and the
+            /// group size.
+            type State = ([FloatTensor<Cube>; 5], f32, usize);
 
             fn backward(
                 self,
-                ops: Ops<Self::State, 3>,
+                ops: Ops<Self::State, 4>,
                 grads: &mut Gradients,
                 _: &mut Checkpointer,
             ) {
-                let ([x, gamma, mean, variance], epsilon, group_rows) = ops.state;
+                let ([x, skip, gamma, mean, variance], epsilon, group_rows) = ops.state;
                 let grad_out = grads.consume::<Cube>(&ops.node);
-                let (x_grad, gamma_grads, beta_grads) =
-                    Cube::norm_rows_grads(x, gamma, mean, variance, grad_out, epsilon, group_rows);
+                let (x_grad, gamma_grads, beta_grads) = Cube::norm_rows_grads(
+                    x, skip, gamma, mean, variance, grad_out, epsilon, group_rows,
+                );
                 // The groups' shares summed; batch norm's one group needs no launch for it.
                 let features = |per_group: FloatTensor<Cube>| {
                     let [groups, d] = per_group.shape().dims::<2>();
@@ -380,9 +405,11 @@ mod cube_impl {
                     };
                     Cube::float_reshape(total, Shape::from([d]))
                 };
-                let [x_node, gamma_node, beta_node] = ops.parents;
+                // The sum's gradient is each addend's.
+                let [x_node, skip_node, gamma_node, beta_node] = ops.parents;
                 let per_parent = [
-                    (x_node, x_grad),
+                    (x_node, x_grad.clone()),
+                    (skip_node, x_grad),
                     (gamma_node, features(gamma_grads)),
                     (beta_node, features(beta_grads)),
                 ];
@@ -397,15 +424,18 @@ mod cube_impl {
         impl<C: CheckpointStrategy> NormBackend for Autodiff<Cube, C> {
             fn norm_rows(
                 x: FloatTensor<Self>,
+                skip: FloatTensor<Self>,
                 gamma: FloatTensor<Self>,
                 beta: FloatTensor<Self>,
                 epsilon: f64,
                 group_rows: usize,
             ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-                let nodes = [x.node(), gamma.node(), beta.node()];
-                let (x, gamma) = (x.into_primitive(), gamma.into_primitive());
+                let nodes = [x.node(), skip.node(), gamma.node(), beta.node()];
+                let (x, skip) = (x.into_primitive(), skip.into_primitive());
+                let gamma = gamma.into_primitive();
                 let (out, mean, variance) = Cube::norm_rows(
                     x.clone(),
+                    skip.clone(),
                     gamma.clone(),
                     beta.into_primitive(),
                     epsilon,
@@ -413,7 +443,7 @@ mod cube_impl {
                 );
                 let untracked = |t: FloatTensor<Cube>| <Self as AutodiffBackend>::from_inner(t);
                 let state = (
-                    [x, gamma, mean.clone(), variance.clone()],
+                    [x, skip, gamma, mean.clone(), variance.clone()],
                     epsilon as f32,
                     group_rows,
                 );
@@ -547,14 +577,18 @@ mod flex_impl {
         rows: usize,
     }
 
-    /// The output and each group's mean and variance, of contiguous `x`, `gamma`, `beta`.
+    /// The input `x + skip` (what the backward reads), the output and each group's mean
+    /// and variance.
     fn forward(
-        x: &FlexTensor,
+        [x, skip]: [FlexTensor; 2],
         [gamma, beta]: [&FlexTensor; 2],
         epsilon: f64,
         group_rows: usize,
-    ) -> ([FlexTensor; 3], Groups) {
+    ) -> (FlexTensor, [FlexTensor; 3], Groups) {
         let shape = x.layout().shape().clone();
+        let (x, skip) = (x.to_contiguous(), skip.to_contiguous());
+        let sum = floats(&x).iter().zip(floats(&skip)).map(|(a, b)| a + b);
+        let x = tensor(sum.collect(), shape.clone());
         let (rows, d) = (shape[0], shape[1]);
         let group_rows = group_rows.clamp(1, rows.max(1));
         assert_eq!(
@@ -564,7 +598,7 @@ mod flex_impl {
         );
         let mut out = Vec::with_capacity(rows * d);
         let (mut mean, mut variance, mut inv_std) = (vec![], vec![], vec![]);
-        for group in floats(x).chunks_exact(group_rows * d) {
+        for group in floats(&x).chunks_exact(group_rows * d) {
             let (group_mean, group_variance) = kernel::moments(group, d);
             let group_inv_std = kernel::inverse_std(&group_variance, epsilon);
             let affine = [&group_mean[..], &group_inv_std, floats(gamma), floats(beta)];
@@ -581,21 +615,21 @@ mod flex_impl {
             rows: group_rows,
         };
         let outputs = [tensor(out, shape), mean, tensor(variance, [groups, d])];
-        (outputs, stats)
+        (x, outputs, stats)
     }
 
     impl NormBackend for Flex {
         fn norm_rows(
             x: FloatTensor<Self>,
+            skip: FloatTensor<Self>,
             gamma: FloatTensor<Self>,
             beta: FloatTensor<Self>,
             epsilon: f64,
             group_rows: usize,
         ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
             let affine = [gamma.to_contiguous(), beta.to_contiguous()];
-            let x = x.to_contiguous();
-            let ([out, mean, variance], _) =
-                forward(&x, [&affine[0], &affine[1]], epsilon, group_rows);
+            let (_, [out, mean, variance], _) =
+                forward([x, skip], [&affine[0], &affine[1]], epsilon, group_rows);
             (out, mean, variance)
         }
     }
@@ -603,11 +637,11 @@ mod flex_impl {
     #[derive(Debug)]
     struct NormBackward;
 
-    impl Backward<Flex, 3> for NormBackward {
-        /// The (contiguous) input and gamma, and the groups' statistics.
+    impl Backward<Flex, 4> for NormBackward {
+        /// The (contiguous) input `x + skip` and gamma, and the groups' statistics.
         type State = (FlexTensor, FlexTensor, Groups);
 
-        fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
             let (x, gamma, groups) = ops.state;
             let grad_out = grads.consume::<Flex>(&ops.node).to_contiguous();
             let shape = x.layout().shape().clone();
@@ -628,9 +662,16 @@ mod flex_impl {
             }
             let [gamma_grad, beta_grad] = sums.map(|s| s.into_iter().map(|t| t as f32).collect());
             let features = Shape::from([d]);
-            let [x_node, gamma_node, beta_node] = ops.parents;
+            // The sum's gradient is each addend's.
+            let [x_node, skip_node, gamma_node, beta_node] = ops.parents;
+            let x_grad = tensor(x_grad, shape);
+            if let Some(node) = skip_node {
+                grads.register::<Flex>(node.id, x_grad.clone());
+            }
+            if let Some(node) = x_node {
+                grads.register::<Flex>(node.id, x_grad);
+            }
             for (node, grad, shape) in [
-                (x_node, x_grad, shape),
                 (gamma_node, gamma_grad, features.clone()),
                 (beta_node, beta_grad, features),
             ] {
@@ -644,16 +685,19 @@ mod flex_impl {
     impl<C: CheckpointStrategy> NormBackend for Autodiff<Flex, C> {
         fn norm_rows(
             x: FloatTensor<Self>,
+            skip: FloatTensor<Self>,
             gamma: FloatTensor<Self>,
             beta: FloatTensor<Self>,
             epsilon: f64,
             group_rows: usize,
         ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-            let nodes = [x.node(), gamma.node(), beta.node()];
-            let x = x.into_primitive().to_contiguous();
+            let nodes = [x.node(), skip.node(), gamma.node(), beta.node()];
+            let [x, skip] = [x, skip].map(|t| t.into_primitive());
             let gamma = gamma.into_primitive().to_contiguous();
             let beta = beta.into_primitive().to_contiguous();
-            let ([out, mean, variance], groups) = forward(&x, [&gamma, &beta], epsilon, group_rows);
+            let (x, [out, mean, variance], groups) =
+                forward([x, skip], [&gamma, &beta], epsilon, group_rows);
+
             let untracked = |t: FlexTensor| <Self as AutodiffBackend>::from_inner(t);
             let out = match NormBackward.prepare::<C>(nodes).compute_bound().stateful() {
                 OpsKind::Tracked(prep) => prep.finish((x, gamma, groups), out),
@@ -714,25 +758,34 @@ mod tests {
         })
     }
 
-    /// The output; the gradients of the input, gamma and beta under a loss that weighs
-    /// every output entry differently; and the running mean and variance after the step.
-    fn outputs(device: &Device, [rows, d]: [usize; 2], fused: bool) -> [Vec<f32>; 6] {
+    /// A skip connection's rows for `features`' rows, tracked.
+    fn skip(rows: usize, d: usize, device: &Device) -> Tensor<2> {
+        let values = TensorData::new(pseudo_random(rows * d, 15, 1.0), [rows, d]);
+        Tensor::<2>::from_data(values, device).require_grad()
+    }
+
+    /// The output; the gradients of the input, the skip, gamma and beta under a loss that
+    /// weighs every output entry differently; and the running mean and variance after the
+    /// step.
+    fn outputs(device: &Device, [rows, d]: [usize; 2], fused: bool) -> [Vec<f32>; 7] {
         let mut norm = BatchNormConfig::new(d).init(device);
         [norm.gamma, norm.beta] = affine(d, device);
         let x = Tensor::<2>::from_data(TensorData::new(features(rows, d), [rows, d]), device)
             .require_grad();
+        let skip = skip(rows, d, device);
         let out = if fused {
             let mut norms = BatchNorms::new([&norm], device);
-            let out = norms.forward(&norm, x.clone());
+            let out = norms.forward(&norm, x.clone(), skip.clone());
             norms.finish();
             out
         } else {
-            norm.forward(x.clone())
+            norm.forward(x.clone() + skip.clone())
         };
         let grads = weighted_loss_grads(&out, 14);
         [
             read(out),
             read(x.grad(&grads).expect("the input is tracked")),
+            read(skip.grad(&grads).expect("the skip is tracked")),
             read(norm.gamma.grad(&grads).expect("gamma is tracked")),
             read(norm.beta.grad(&grads).expect("beta is tracked")),
             read(norm.running_mean.value_sync()),
@@ -740,9 +793,10 @@ mod tests {
         ]
     }
 
-    const BATCH_NORM_OUTPUTS: [&str; 6] = [
+    const BATCH_NORM_OUTPUTS: [&str; 7] = [
         "output",
         "input gradient",
+        "skip gradient",
         "gamma gradient",
         "beta gradient",
         "running mean",
@@ -778,7 +832,8 @@ mod tests {
         let norm = BatchNormConfig::new(3).init(&device);
         let x = Tensor::<2>::from_data(TensorData::new(vec![1.0f32, 2.0, 3.0], [1, 3]), &device);
         // Running mean 0 and variance 1: the output is the input, up to epsilon.
-        let out = BatchNorms::new([&norm], &device).forward(&norm, x);
+        let skip = Tensor::zeros([1, 3], &device);
+        let out = BatchNorms::new([&norm], &device).forward(&norm, x, skip);
         for (a, r) in read(out).iter().zip([1.0, 2.0, 3.0]) {
             assert!((a - r).abs() < 1e-4, "{a} vs {r}");
         }
@@ -810,7 +865,7 @@ mod tests {
         let mut ours = x.clone();
         let mut burns = x;
         for norm in &norms {
-            ours = batch_norms.forward(norm, ours + skip.clone());
+            ours = batch_norms.forward(norm, ours, skip.clone());
             burns = norm.forward(burns + skip.clone());
         }
         batch_norms.finish();
@@ -840,32 +895,50 @@ mod tests {
         norm
     }
 
-    /// The output and the gradients of the input, gamma and beta, as in [`outputs`], for
-    /// instance norm over `[B, N, d]`.
-    fn instance_outputs(device: &Device, [b, n, d]: [usize; 3], fused: bool) -> [Vec<f32>; 4] {
+    /// The output and the gradients of the input, the skip, gamma and beta, as in
+    /// [`outputs`], for instance norm over `[B, N, d]`.
+    fn instance_outputs(device: &Device, [b, n, d]: [usize; 3], fused: bool) -> [Vec<f32>; 5] {
         let norm = instance_norm_of(d, device);
         let x = Tensor::<3>::from_data(TensorData::new(features(b * n, d), [b, n, d]), device)
             .require_grad();
+        let skip = skip(b * n, d, device);
+        // Burn's reference normalises the sum as a tensor of its own, whose gradient is
+        // then both addends': with the addition in the same stream, CubeCL's fusion of it
+        // into the group norm's reduction fails to expand ("Cast element count must
+        // match") in Burn 0.22.1.
+        let sum = (x.clone() + skip.clone().reshape([b, n, d])).into_data();
+        let sum = Tensor::<3>::from_data(sum, device).require_grad();
         let out = if fused {
-            instance_norm(&norm, x.clone().reshape([b * n, d]), n).reshape([b, n, d])
+            let rows = x.clone().reshape([b * n, d]);
+            instance_norm(&norm, rows, skip.clone(), n).reshape([b, n, d])
         } else {
-            norm.forward(x.clone().swap_dims(1, 2)).swap_dims(1, 2)
+            norm.forward(sum.clone().swap_dims(1, 2)).swap_dims(1, 2)
         };
         let grads = weighted_loss_grads(&out, 14);
         let param_grad = |p: &Option<Param<Tensor<1>>>| {
             read(p.as_ref().expect("affine").grad(&grads).expect("tracked"))
         };
+        let sum_grad = || read(sum.grad(&grads).expect("the sum is tracked"));
+        let [x_grad, skip_grad] = match fused {
+            true => [
+                read(x.grad(&grads).expect("the input is tracked")),
+                read(skip.grad(&grads).expect("the skip is tracked")),
+            ],
+            false => [sum_grad(), sum_grad()],
+        };
         [
             read(out),
-            read(x.grad(&grads).expect("the input is tracked")),
+            x_grad,
+            skip_grad,
             param_grad(&norm.gamma),
             param_grad(&norm.beta),
         ]
     }
 
-    const INSTANCE_NORM_OUTPUTS: [&str; 4] = [
+    const INSTANCE_NORM_OUTPUTS: [&str; 5] = [
         "output",
         "input gradient",
+        "skip gradient",
         "gamma gradient",
         "beta gradient",
     ];
@@ -900,7 +973,11 @@ mod tests {
         let on = |device: &Device| {
             let x = TensorData::new(features(b * n, d), [b * n, d]);
             let x = Tensor::<2>::from_data(x, device);
-            read(instance_norm(&instance_norm_of(d, device), x, n))
+            let skip = Tensor::<2>::from_data(
+                TensorData::new(pseudo_random(b * n * d, 15, 1.0), [b * n, d]),
+                device,
+            );
+            read(instance_norm(&instance_norm_of(d, device), x, skip, n))
         };
         assert_eq!(on(&device), on(&device.clone().autodiff()));
     }
