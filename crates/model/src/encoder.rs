@@ -162,7 +162,7 @@ impl EncoderLayer {
         batch_norms: &mut BatchNorms<'a>,
     ) -> Tensor<2> {
         let attended = self.attention.forward(h.clone(), nodes, p); // [B × N, d]
-        let h = (self.attention_norm).forward(attended, h, nodes, batch_norms);
+        let h = self.attention_norm.forward(attended, h, nodes, batch_norms);
         let hidden = relu(linear::forward(&self.feed_forward_in, h.clone(), p)); // [B × N, ff]
         let ff = linear::forward(&self.feed_forward_out, hidden, p); // [B × N, d]
         self.feed_forward_norm.forward(ff, h, nodes, batch_norms)
