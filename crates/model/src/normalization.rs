@@ -15,9 +15,10 @@
 //! beta shared. The forward is three passes (mean, variance, output), the backward two.
 //!
 //! flex runs it in plain Rust ([`kernel`]), CubeCL devices as a kernel each way
-//! (`crate::norm_kernel`); batch norm only in training (with running statistics, inference
-//! is a per-feature scale and shift, which Burn does in one broadcast pass). Elsewhere
-//! (ndarray) Burn's modules run, which the tests compare against.
+//! (`crate::norm_kernel`), each norm of `x + skip`, the skip connection before it; batch
+//! norm only in training (with running statistics). Inference is a per-feature scale and
+//! shift, Burn's broadcast pass with its parameters reshaped ahead ([`BatchNorms`]).
+//! Elsewhere (ndarray) Burn's modules run, which the tests compare against.
 
 use std::collections::VecDeque;
 
