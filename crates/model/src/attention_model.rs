@@ -21,16 +21,16 @@ use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::backend::{runs_through_cubecl, steps_from_context, trains_through_cubecl};
 use crate::decode::{
-    cat_columns, rollout_choosing, Choice, DecodeOptions, DecodeOutput, ModelStep, Policy,
+    cat_columns, rollout, sampling_noise, start_state, DecodeOptions, DecodeOutput, Policy,
 };
 use crate::decoder_step::{
-    fused_on, fused_step, fused_step_and_choose, fused_step_from_context, keys_by_feature,
+    fused_decode, fused_on, fused_step, fused_step_from_context, keys_by_feature, DecodeSpan,
     StepKernel,
 };
 use crate::encoder::{per_node, GraphEncoder, GraphEncoderConfig};
 use crate::linear::matmul_rows;
 use crate::matmul::{product, MatmulPrecision};
-use crate::problem::DeviceBatch;
+use crate::problem::{max_decode_steps, DeviceBatch};
 use crate::state::{CvrpState, LoadArithmetic};
 
 #[derive(Config, Debug)]
@@ -251,13 +251,14 @@ impl AttentionModel {
         {
             return self.sample_then_score(problem, options, &pre);
         }
-        rollout_choosing(
-            problem,
-            options,
-            self.load_arithmetic,
-            tours,
-            |state, choice| self.next_step(&pre, state, choice, temperature),
-        )
+        if tours.is_none() {
+            if let Some((decoded, _)) = self.decode_in_one_launch(problem, options, &pre, false) {
+                return decoded;
+            }
+        }
+        rollout(problem, options, self.load_arithmetic, tours, |state| {
+            self.step_log_probs(&pre, state, temperature)
+        })
     }
 
     /// A decode with gradients on a CubeCL device: the tours sampled outside autodiff, then
@@ -279,17 +280,23 @@ impl AttentionModel {
     ) -> DecodeOutput {
         let temperature = options.temperature();
         let frozen = pre.without_autodiff();
-        let mut seen = Vec::new();
-        let sampled = rollout_choosing(
-            &problem.without_autodiff(),
-            &options.without_log_likelihood(),
-            self.load_arithmetic,
-            None,
-            |state, choice| {
-                seen.push((state.mask(), state.remaining_capacity_fraction()));
-                self.next_step(&frozen, state, choice, temperature)
-            },
-        );
+        let (problem, options) = (problem.without_autodiff(), options.without_log_likelihood());
+        let (sampled, seen) = match self.decode_in_one_launch(&problem, &options, &frozen, true) {
+            Some((sampled, Some(seen))) => (sampled, seen),
+            _ => {
+                let mut seen = Vec::new();
+                let arithmetic = self.load_arithmetic;
+                let sampled = rollout(&problem, &options, arithmetic, None, |state| {
+                    seen.push((state.mask(), state.remaining_capacity_fraction()));
+                    self.step_log_probs(&frozen, state, temperature)
+                });
+                let [rows, n] = seen[0].0.dims();
+                let (masks, remaining): (Vec<_>, Vec<_>) = seen.into_iter().unzip();
+                let k = masks.len();
+                let mask = cat_columns(masks).reshape([rows, k, n]); // [R, K, N]
+                (sampled, (mask, cat_columns(remaining))) // [R, K]
+            }
+        };
         let log_likelihood = self.score_steps(pre, &sampled.actions, seen, temperature);
         DecodeOutput {
             log_likelihood,
@@ -297,29 +304,76 @@ impl AttentionModel {
         }
     }
 
+    /// A decode without gradients as one kernel (`fused_decode`), where the device runs
+    /// the decoder step from its context (CubeCL devices) and the fused step runs: the
+    /// tours and log-likelihoods of the decode one step at a time, which was a launch a
+    /// step. With `record_seen`, also the mask `[R, K, N]` and remaining capacity fraction
+    /// `[R, K]` each of its K chosen steps met. `None` elsewhere.
+    #[allow(clippy::type_complexity)]
+    fn decode_in_one_launch(
+        &self,
+        problem: &DeviceBatch,
+        options: &DecodeOptions,
+        pre: &Precomputed,
+        record_seen: bool,
+    ) -> Option<(DecodeOutput, Option<(Tensor<3, Bool>, Tensor<2>)>)> {
+        let by_feature = pre.by_feature.clone()?;
+        if !steps_from_context(&pre.last_node_context.device()) {
+            return None;
+        }
+        let (state, forced) = start_state(problem, options, self.load_arithmetic);
+        let first = usize::from(forced.is_some());
+        let span = DecodeSpan {
+            first,
+            steps: max_decode_steps(problem.num_nodes() - 1) - first,
+            log_likelihood: options.log_likelihood,
+            record_seen,
+        };
+        let context = [
+            pre.fixed_context.clone(),
+            pre.last_node_context.clone(),
+            pre.capacity_context.clone(),
+        ];
+        let decoded = fused_decode(
+            context,
+            by_feature,
+            state.kernel_decode_start()?,
+            sampling_noise(problem, options),
+            span,
+            self.num_heads,
+            (self.tanh_clipping, options.temperature()),
+        );
+        let output = DecodeOutput {
+            actions: decoded.actions,
+            log_likelihood: decoded.log_likelihood,
+            rows_per_instance: pre.starts,
+        };
+        Some((output, decoded.seen))
+    }
+
     /// The log-likelihood of decoded tours from what the decode met at each step: one fused
     /// decoder step over the rows of all of them (an instance's S rollouts times K steps).
     /// The context is the step's own arithmetic, in the same order.
     ///
     /// # Shapes
-    /// - `actions`: `[R, T]`; `seen`: for each of the last K steps (POMO's forced first
-    ///   step is not scored), the mask `[R, N]` and remaining capacity fraction `[R, 1]`
+    /// - `actions`: `[R, T]`; `seen`: what each of the last K steps met (POMO's forced
+    ///   first step is not scored), the mask `[R, K, N]` and remaining capacity fraction
+    ///   `[R, K]`
     /// - output: `[R]`
     fn score_steps(
         &self,
         pre: &Precomputed,
         actions: &Tensor<2, Int>,
-        seen: Vec<(Tensor<2, Bool>, Tensor<2>)>,
+        (mask, remaining): (Tensor<3, Bool>, Tensor<2>),
         temperature: f64,
     ) -> Tensor<1> {
         let [b, n, _] = pre.last_node_context.dims();
         let [rows, t] = actions.dims();
-        let k = seen.len();
+        let [_, k, _] = mask.dims();
         let first = t - k;
-        let (masks, remaining): (Vec<_>, Vec<_>) = seen.into_iter().unzip();
         // Row (r, step) of the step's rows is r · K + step: an instance's S·K rows together.
-        let mask = cat_columns(masks).reshape([rows * k, n]); // [R·K, N]
-        let remaining = cat_columns(remaining).reshape([b, pre.starts * k, 1]); // [B, S·K, 1]
+        let mask = mask.reshape([rows * k, n]); // [R·K, N]
+        let remaining = remaining.reshape([b, pre.starts * k, 1]); // [B, S·K, 1]
 
         // Each step leaves from the node chosen at the step before (the depot at the first).
         let last = match first {
@@ -467,55 +521,6 @@ impl AttentionModel {
     pub fn with_matmul_precision(mut self, precision: MatmulPrecision) -> Self {
         self.matmul_precision = precision;
         self
-    }
-
-    /// A decode step: [`Self::step_log_probs`], and where the step runs from its context
-    /// (CubeCL devices, no autodiff) and the decode chooses, the choice and the state's
-    /// step in the same kernel: one launch a step where there were two.
-    fn next_step(
-        &self,
-        pre: &Precomputed,
-        state: &mut CvrpState,
-        choice: Choice,
-        temperature: f64,
-    ) -> ModelStep {
-        if let (Choice::Chooses { noise }, Some(by_feature)) = (&choice, &pre.by_feature) {
-            if steps_from_context(&pre.last_node_context.device()) {
-                let context = [
-                    pre.fixed_context.clone(),
-                    pre.last_node_context.clone(),
-                    pre.capacity_context.clone(),
-                ];
-                let (last_node, mask) = (state.last_node(), state.mask());
-                let remaining = state.remaining_capacity_fraction();
-                let mut log_p = None;
-                let chosen = state.choose_and_step_with(|inputs| {
-                    let (step_log_p, step) = fused_step_and_choose(
-                        context,
-                        last_node,
-                        remaining,
-                        by_feature.clone(),
-                        mask,
-                        inputs,
-                        noise.clone(),
-                        self.num_heads,
-                        (self.tanh_clipping, temperature),
-                    );
-                    log_p = Some(step_log_p);
-                    step
-                });
-                if let (Some(log_p), Some(chosen)) = (log_p, chosen) {
-                    return ModelStep {
-                        log_p,
-                        chosen: Some(chosen),
-                    };
-                }
-            }
-        }
-        ModelStep {
-            log_p: self.step_log_probs(pre, state, temperature),
-            chosen: None,
-        }
     }
 
     /// Log-probabilities of the next node for every row (row `i * S + s` is instance i's
@@ -1201,6 +1206,50 @@ mod tests {
         let device = Backend::Cpu.device().unwrap().autodiff();
         assert!(trains_through_cubecl(&device));
         assert_scored_at_once_matches_step_by_step(&device);
+    }
+
+    /// On CubeCL's CPU runtime, a decode without gradients runs as one kernel: the same
+    /// tours and log-likelihoods, bit for bit, as the decode one step at a time (a step's
+    /// kernel, then the state kernel's choice and the running sum), greedy and sampled
+    /// (at a temperature), one and several starts an instance.
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_decode_in_one_launch_matches_step_by_step() {
+        use routeburn_data::{Generator, InstanceRng};
+        let _alone = crate::test_values::one_cube_test_at_a_time();
+        let device = Backend::Cpu.device().unwrap();
+        let model = small_model(&device);
+        let batch = Generator::uniform(9).sample_batch(&mut InstanceRng::new(5), 4);
+        for multi_start in [false, true] {
+            for options in [DecodeOptions::greedy(), DecodeOptions::sample(0.8)] {
+                let options = options.with_multi_start(multi_start);
+                let shape = crate::NoiseShape {
+                    rows_per_instance: options.rows_per_instance(batch.n),
+                };
+                let upload = || {
+                    let mut rng = InstanceRng::new(21);
+                    DeviceBatch::upload(&batch, Some((shape, &mut rng)), &device)
+                };
+                let problem = upload();
+                let n = problem.num_nodes() - 1;
+                let pre = model.precompute(model.encode(&problem), options.rows_per_instance(n));
+                let (ours, _) = model
+                    .decode_in_one_launch(&problem, &options, &pre, false)
+                    .expect("CubeCL devices decode in one launch");
+                let reference = step_by_step(&model, &upload(), &options);
+                let what = format!("{:?}, multi-start {multi_start}", options.selection);
+                assert_eq!(
+                    read_ints(ours.actions),
+                    read_ints(reference.actions),
+                    "{what}"
+                );
+                assert_eq!(
+                    read(ours.log_likelihood),
+                    read(reference.log_likelihood),
+                    "{what}"
+                );
+            }
+        }
     }
 
     /// A multi-start step reads each instance's keys for its S rollouts; the same step on

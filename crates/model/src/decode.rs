@@ -136,41 +136,6 @@ pub(crate) fn rollout(
     follow: Option<&Tensor<2, Int>>,
     mut next_log_probs: impl FnMut(&CvrpState) -> Tensor<2>,
 ) -> DecodeOutput {
-    rollout_choosing(problem, options, arithmetic, follow, |state, _| ModelStep {
-        log_p: next_log_probs(state),
-        chosen: None,
-    })
-}
-
-/// How the decode picks each row's node at a step.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "one a step, moved straight into the model's step: boxing would buy nothing"
-)]
-pub(crate) enum Choice {
-    /// It follows given tours.
-    Follows,
-    /// The most likely node, or with `noise` (`[R, T]`) and a column, the inverse of the
-    /// CDF at that column's uniform.
-    Chooses { noise: Option<(Tensor<2>, usize)> },
-}
-
-/// What a model's step gives the decode: the log-probabilities `[R, N]`, and the `[R, 1]`
-/// choice where the model's step also chose as `Choice` asks and moved the state there
-/// (on CubeCL devices, in the decoder step's own kernel).
-pub(crate) struct ModelStep {
-    pub log_p: Tensor<2>,
-    pub chosen: Option<Tensor<2, Int>>,
-}
-
-/// [`rollout`] with a step that may choose and move the state itself.
-pub(crate) fn rollout_choosing(
-    problem: &DeviceBatch,
-    options: &DecodeOptions,
-    arithmetic: LoadArithmetic,
-    follow: Option<&Tensor<2, Int>>,
-    mut next_step: impl FnMut(&mut CvrpState, Choice) -> ModelStep,
-) -> DecodeOutput {
     let [b, n_nodes, _] = problem.coords.dims();
     let n = n_nodes - 1;
     let starts = options.rows_per_instance(n);
@@ -179,25 +144,13 @@ pub(crate) fn rollout_choosing(
     // CubeCL's fusion caches plans (and compiles kernels) per relative op stream: a decode
     // there must issue the same stream for every batch.
     let stable = runs_through_cubecl(&device);
-    let mut state = CvrpState::with_arithmetic(
-        repeat_rows(problem.demands.clone(), starts),
-        repeat_rows(problem.capacity.clone(), starts),
-        arithmetic,
-    );
+    let (mut state, forced) = start_state(problem, options, arithmetic);
 
     let max_steps = max_decode_steps(n);
     let mut record = Record::new(stable, rows, max_steps, &device);
-    let mut first_step = 0;
-    if options.multi_start {
-        // POMO: row (instance i, start s) begins with customer s + 1. The forced move has
-        // no probability of its own, so it adds nothing to the log-likelihood.
-        let forced = Tensor::<1, Int>::arange(1..n as i64 + 1, &device)
-            .reshape([1, n])
-            .expand([b, n])
-            .reshape([rows, 1]); // [R, 1]
-        state.step(forced.clone());
+    let first_step = usize::from(forced.is_some());
+    if let Some(forced) = forced {
         record.push_action(forced);
-        first_step = 1;
     }
 
     let checks = match stable {
@@ -212,20 +165,13 @@ pub(crate) fn rollout_choosing(
         if checks.due(step) && state.finished().all().into_scalar::<bool>() {
             break;
         }
-        // `Some` where the decode chooses: the step's column of the noise, if it samples.
-        let noise_column = follow.is_none().then(|| noise.clone().map(|t| (t, step)));
-        let choice = match noise_column.clone() {
-            Some(noise) => Choice::Chooses { noise },
-            None => Choice::Follows,
-        };
-        let ModelStep { log_p, chosen } = next_step(&mut state, choice); // [R, N]
+        let log_p = next_log_probs(&state); // [R, N]
 
-        // On CubeCL devices the state's kernel chooses and steps at once, reading the
-        // step's column of the noise itself (unless the model's step has).
-        let chosen = match (chosen, noise_column) {
-            (Some(chosen), _) => Some(chosen),
-            (None, Some(noise)) => state.choose_and_step(log_p.clone(), noise),
-            (None, None) => None,
+        // On CubeCL devices, where the decode chooses, the state's kernel chooses and steps
+        // at once, reading the step's column of the noise itself.
+        let chosen = match follow {
+            None => state.choose_and_step(log_p.clone(), noise.clone().map(|t| (t, step))),
+            Some(_) => None,
         };
         let action = match (chosen, follow, &noise) {
             (Some(action), _, _) => action,
@@ -245,10 +191,38 @@ pub(crate) fn rollout_choosing(
     record.finish(starts)
 }
 
+/// The state a decode of `problem` starts from, one row per instance and start, and where
+/// the decode is multi-start, the `[R, 1]` first step it has already taken: POMO's row
+/// (instance i, start s) begins with customer s + 1. That move has no probability of its
+/// own, so it adds nothing to the log-likelihood.
+pub(crate) fn start_state(
+    problem: &DeviceBatch,
+    options: &DecodeOptions,
+    arithmetic: LoadArithmetic,
+) -> (CvrpState, Option<Tensor<2, Int>>) {
+    let [b, n_nodes, _] = problem.coords.dims();
+    let n = n_nodes - 1;
+    let starts = options.rows_per_instance(n);
+    let mut state = CvrpState::with_arithmetic(
+        repeat_rows(problem.demands.clone(), starts),
+        repeat_rows(problem.capacity.clone(), starts),
+        arithmetic,
+    );
+    if !options.multi_start {
+        return (state, None);
+    }
+    let forced = Tensor::<1, Int>::arange(1..n as i64 + 1, &problem.coords.device())
+        .reshape([1, n])
+        .expand([b, n])
+        .reshape([b * n, 1]); // [R, 1]
+    state.step(forced.clone());
+    (state, Some(forced))
+}
+
 /// The uniforms a sampled decode inverts its CDFs at, `[R, T]` (none for a greedy one),
 /// outside autodiff as the choice: it carries no gradient, and on an autodiff device each
 /// operation of the CDF would be recorded.
-fn sampling_noise(problem: &DeviceBatch, options: &DecodeOptions) -> Option<Tensor<2>> {
+pub(crate) fn sampling_noise(problem: &DeviceBatch, options: &DecodeOptions) -> Option<Tensor<2>> {
     match options.selection {
         Selection::Greedy => None,
         Selection::Sample { .. } => Some(

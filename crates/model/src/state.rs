@@ -99,9 +99,9 @@ pub(crate) struct KernelStep {
 }
 
 /// What the state kernel's step reads of the state, for an operation that chooses and
-/// steps as it does but in a kernel of its own (the decoder step with the choice,
-/// `AttentionModel::next_step`): the demands `[R, N]`, capacity and load
-/// `[R, 1]`, the served flags `[R, N]` and the capacity check's tolerance.
+/// steps as it does but in a kernel of its own (the whole decode in one kernel,
+/// [`KernelDecodeStart`]): the demands `[R, N]`, capacity and load `[R, 1]`, the served
+/// flags `[R, N]` and the capacity check's tolerance.
 #[cfg_attr(
     not(any(feature = "cuda", feature = "cpu")),
     allow(dead_code, reason = "read only where a CubeCL backend is compiled in")
@@ -112,6 +112,20 @@ pub(crate) struct KernelStepInputs {
     pub used: Tensor<2>,
     pub served: Tensor<2>,
     pub tolerance: f32,
+}
+
+/// The state a whole decode in one kernel starts from (`crate::decoder_step::fused_decode`):
+/// the `[R, 1]` node the vehicle stands at, the `[R, N]` mask and `[R, 1]` remaining
+/// capacity fraction, and what the state's step reads.
+#[cfg_attr(
+    not(any(feature = "cuda", feature = "cpu")),
+    allow(dead_code, reason = "read only where a CubeCL backend is compiled in")
+)]
+pub(crate) struct KernelDecodeStart {
+    pub last_node: Tensor<2, Int>,
+    pub mask: Tensor<2, Bool>,
+    pub remaining: Tensor<2>,
+    pub step: KernelStepInputs,
 }
 
 /// Where the state kernel moves each row.
@@ -328,22 +342,22 @@ impl CvrpState {
         self.move_by_kernel(KernelMove::Choose { log_p, noise })
     }
 
-    /// Chooses and steps with `step`, an operation that makes the state kernel's step from
-    /// the state's tensors (on CubeCL devices): the `[R, 1]` nodes moved to; `None` (and
-    /// `step` not called) elsewhere.
-    pub(crate) fn choose_and_step_with(
-        &mut self,
-        step: impl FnOnce(KernelStepInputs) -> KernelStep,
-    ) -> Option<Tensor<2, Int>> {
+    /// Where the state has the state kernel (CubeCL devices), the state a whole decode in one
+    /// kernel starts from; `None` elsewhere.
+    pub(crate) fn kernel_decode_start(&self) -> Option<KernelDecodeStart> {
         let last = self.kernel_step()?;
-        let made = step(KernelStepInputs {
-            demands: self.demands.clone(),
-            capacity: self.capacity.clone(),
-            used: self.used_capacity.clone(),
-            served: last.served.clone(),
-            tolerance: self.tolerance,
-        });
-        Some(self.take_kernel_step(made))
+        Some(KernelDecodeStart {
+            last_node: self.last_node.clone(),
+            mask: last.mask.clone(),
+            remaining: last.remaining.clone(),
+            step: KernelStepInputs {
+                demands: self.demands.clone(),
+                capacity: self.capacity.clone(),
+                used: self.used_capacity.clone(),
+                served: last.served.clone(),
+                tolerance: self.tolerance,
+            },
+        })
     }
 
     /// Runs the state kernel's step where the state has one (CubeCL devices): the `[R, 1]`

@@ -29,11 +29,9 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 
-use crate::state_kernel::choose_and_step_in_cube;
-
 /// Units per cube (one row) on a GPU: a multiple of the warp, and past CVRP50's 51 nodes
 /// two passes over the nodes at most up to CVRP100.
-const UNITS: u32 = 64;
+pub(super) const UNITS: u32 = 64;
 
 /// Units per cube (one instance) of the backward pass on a GPU: its rows run one after
 /// another, so the parallelism is within a row, mostly the instance's `3·N·d` gradient
@@ -182,117 +180,6 @@ pub(crate) fn forward_from_context(
         [float, int, boolean].map(dtype_to_storage_type),
     );
     output
-}
-
-/// The state's part of [`step_and_choose`]: its tensors (`demands` and `served` `[R, N]`,
-/// `capacity` and `used` `[R, 1]`), the noise `[R, T]` with the column read and whether it
-/// is read, and the tolerance of the capacity check.
-pub(crate) struct StateInputs {
-    pub demands: CubeTensor,
-    pub capacity: CubeTensor,
-    pub used: CubeTensor,
-    pub served: CubeTensor,
-    pub noise: CubeTensor,
-    pub column: u32,
-    pub sample: bool,
-    pub tolerance: f32,
-}
-
-/// The step's log-probabilities, then each row's choice and the state's step to it, in
-/// one launch: [`forward_from_context`], then the state kernel's choice and step
-/// (`crate::state_kernel`) by the cube's units, on the log-probabilities the cube has just
-/// made.
-///
-/// # Shapes
-/// - as [`forward_from_context`]; the state's as [`StateInputs`]
-/// - output: the log-probabilities `[R, N]`, the choice `[R, 1]` (`last_node`'s int type),
-///   the new load `[R, 1]`, served flags `[R, N]`, mask `[R, N]` (`mask`'s bool type) and
-///   remaining capacity fraction `[R, 1]`
-#[allow(clippy::type_complexity)]
-pub(crate) fn step_and_choose(
-    [fixed_context, last_node_context, capacity_context, remaining]: [CubeTensor; 4],
-    last_node: CubeTensor,
-    by_feature: CubeTensor,
-    mask: CubeTensor,
-    state: StateInputs,
-    heads: usize,
-    (tanh_clipping, temperature): (f32, f32),
-) -> [CubeTensor; 6] {
-    let contiguous = [
-        fixed_context,
-        last_node_context,
-        capacity_context,
-        remaining,
-        by_feature,
-        state.demands,
-        state.capacity,
-        state.used,
-        state.served,
-        state.noise,
-    ]
-    .map(into_contiguous);
-    let [fixed_context, last_node_context, capacity_context, remaining, by_feature, demands, capacity, used, served, noise] =
-        contiguous;
-    let (last_node, mask) = (into_contiguous(last_node), into_contiguous(mask));
-    let [b, nodes, d] = last_node_context.meta.shape().dims::<3>();
-    let rows = mask.meta.shape().dims::<2>()[0];
-    let padded_nodes = by_feature.meta.shape().dims::<3>()[2];
-    assert!(
-        fits(nodes, heads, d, false) && d % heads == 0,
-        "the CubeCL decoder step's shared memory does not hold {nodes} nodes"
-    );
-    let (float, int, boolean) = (last_node_context.dtype, last_node.dtype, mask.dtype);
-    let empty = |shape: &[usize], dtype| {
-        let (client, device) = (mask.client.clone(), mask.device.clone());
-        empty_device_contiguous_dtype(client, device, Shape::from(shape.to_vec()), dtype)
-    };
-    // `[B, S, d]`: the row's step reads it by instance and start.
-    let query = empty(&[b, rows / b, d], float);
-    let log_p = empty(&[rows, nodes], float);
-    let action = empty(&[rows, 1], int);
-    let used_out = empty(&[rows, 1], float);
-    let served_out = empty(&[rows, nodes], float);
-    let mask_out = empty(&[rows, nodes], boolean);
-    let remaining_out = empty(&[rows, 1], float);
-    let noise_width = noise.meta.shape()[1] as u32;
-    let client = mask.client.clone();
-    decoder_step_and_choice_kernel::launch(
-        &client,
-        CubeCount::Static(rows as u32, 1, 1),
-        cube_dim(&client, UNITS),
-        fixed_context.into_tensor_arg(),
-        last_node_context.into_tensor_arg(),
-        capacity_context.into_tensor_arg(),
-        last_node.into_tensor_arg(),
-        remaining.into_tensor_arg(),
-        query.into_tensor_arg(),
-        by_feature.into_tensor_arg(),
-        mask.into_tensor_arg(),
-        log_p.clone().into_tensor_arg(),
-        noise.into_tensor_arg(),
-        demands.into_tensor_arg(),
-        capacity.into_tensor_arg(),
-        used.into_tensor_arg(),
-        served.into_tensor_arg(),
-        action.clone().into_tensor_arg(),
-        used_out.clone().into_tensor_arg(),
-        served_out.clone().into_tensor_arg(),
-        mask_out.clone().into_tensor_arg(),
-        remaining_out.clone().into_tensor_arg(),
-        tanh_clipping,
-        temperature,
-        state.tolerance,
-        (rows / b) as u32,
-        nodes as u32,
-        u32::from(state.sample),
-        noise_width,
-        state.column,
-        heads,
-        d / heads,
-        padded_nodes,
-        [float, int, boolean].map(dtype_to_storage_type),
-    );
-    [log_p, action, used_out, served_out, mask_out, remaining_out]
 }
 
 /// Where a row's query, its instance's keys by feature and the row's mask sit (element
@@ -580,96 +467,6 @@ fn decoder_step_from_context_kernel<F: Float, I: Int, M: Int>(
     );
 }
 
-/// [`decoder_step_from_context_kernel`], then the row's choice and state step by the
-/// cube's units (`crate::state_kernel::choose_and_step_in_cube`), from the
-/// log-probabilities the cube left in shared memory: the barrier before makes them visible.
-#[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-fn decoder_step_and_choice_kernel<F: Float, I: Int, M: Int>(
-    fixed_context: &Tensor<F>,
-    last_node_context: &Tensor<F>,
-    capacity_context: &Tensor<F>,
-    last_node: &Tensor<I>,
-    remaining: &Tensor<F>,
-    query: &mut Tensor<F>,
-    by_feature: &Tensor<F>,
-    mask: &Tensor<M>,
-    log_p: &mut Tensor<F>,
-    noise: &Tensor<F>,
-    demands: &Tensor<F>,
-    capacity: &Tensor<F>,
-    used: &Tensor<F>,
-    served: &Tensor<F>,
-    action_out: &mut Tensor<I>,
-    used_out: &mut Tensor<F>,
-    served_out: &mut Tensor<F>,
-    mask_out: &mut Tensor<M>,
-    remaining_out: &mut Tensor<F>,
-    tanh_clipping: f32,
-    temperature: f32,
-    tolerance: f32,
-    starts: u32,
-    node_count: u32,
-    sample: u32,
-    noise_width: u32,
-    column: u32,
-    #[comptime] heads: usize,
-    #[comptime] head_dim: usize,
-    #[comptime] padded_nodes: usize,
-    #[define(F, I, M)] _dtypes: [ElemType; 3],
-) {
-    query_from_context(
-        fixed_context,
-        last_node_context,
-        capacity_context,
-        remaining,
-        last_node,
-        query,
-        starts,
-        node_count,
-        heads * head_dim,
-    );
-    let mut attention = Shared::new_slice(heads * padded_nodes);
-    let mut logits = Shared::new_slice(padded_nodes);
-    step_row(
-        &*query,
-        by_feature,
-        mask,
-        log_p,
-        &mut attention,
-        &mut logits,
-        tanh_clipping,
-        temperature,
-        starts,
-        node_count,
-        heads,
-        head_dim,
-        padded_nodes,
-    );
-    sync_cube();
-    choose_and_step_in_cube(
-        &logits,
-        &mut attention,
-        noise,
-        CUBE_POS_X as usize,
-        node_count as usize,
-        sample,
-        noise_width as usize,
-        column as usize,
-        demands,
-        capacity,
-        used,
-        served,
-        action_out,
-        used_out,
-        served_out,
-        mask_out,
-        remaining_out,
-        tolerance,
-        heads * padded_nodes,
-    );
-}
-
 /// The cube's row's query, written to `query` `[B, S, d]`: the fixed context `[B, 1, d]` +
 /// (the row of `last_node_context` `[B, N, d]` of the node the row stands at + its
 /// remaining capacity fraction · `capacity_context` `[d]`), in the tensors' float type and
@@ -677,7 +474,7 @@ fn decoder_step_and_choice_kernel<F: Float, I: Int, M: Int>(
 /// cube's units may all read it.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn query_from_context<F: Float, I: Int>(
+pub(super) fn query_from_context<F: Float, I: Int>(
     fixed_context: &Tensor<F>,
     last_node_context: &Tensor<F>,
     capacity_context: &Tensor<F>,
@@ -706,7 +503,7 @@ fn query_from_context<F: Float, I: Int>(
 /// `attention` (`heads · padded_nodes` floats); ends with both written, before a barrier.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn step_row<F: Float, M: Int>(
+pub(super) fn step_row<F: Float, M: Int>(
     query: &Tensor<F>,
     by_feature: &Tensor<F>,
     mask: &Tensor<M>,

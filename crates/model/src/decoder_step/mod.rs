@@ -17,6 +17,8 @@
 
 mod by_feature;
 #[cfg(any(feature = "cuda", feature = "cpu"))]
+mod cube_decode;
+#[cfg(any(feature = "cuda", feature = "cpu"))]
 mod cube_kernel;
 #[cfg(feature = "flex")]
 mod flex_kernel;
@@ -162,58 +164,83 @@ pub(crate) fn fused_step_from_context(
     }
 }
 
-/// [`fused_step_from_context`], then each row's choice and the state's step to it in the
-/// same kernel, as the state kernel makes them (`CvrpState::choose_and_step`): the most
-/// likely node, or with `noise` (`[R, T]`) and a column, the inverse of the CDF at that
-/// column's uniform. The log-probabilities `[R, N]` and the state's step; call it only
-/// where `crate::backend::steps_from_context` holds.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn fused_step_and_choose(
+/// Which steps a whole decode runs ([`fused_decode`]) and what it keeps: steps
+/// `first..first + steps` (POMO's forced first step is the start state's, `first` = 1),
+/// the chosen log-probabilities' sum, and what each step met (its mask and remaining
+/// capacity fraction), for scoring the tours afterwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DecodeSpan {
+    pub first: usize,
+    pub steps: usize,
+    pub log_likelihood: bool,
+    pub record_seen: bool,
+}
+
+/// What [`fused_decode`] gives: the actions `[R, first + steps]`, the log-likelihood `[R]`
+/// (zeros unless asked for), and where recorded, the mask `[R, K, N]` and remaining
+/// capacity fraction `[R, K]` each of the K steps met.
+pub(crate) struct WholeDecode {
+    pub actions: Tensor<2, burn::tensor::Int>,
+    pub log_likelihood: Tensor<1>,
+    pub seen: Option<(Tensor<3, Bool>, Tensor<2>)>,
+}
+
+/// A whole decode without gradients as one kernel: at every step of `span`,
+/// [`fused_step_from_context`]'s step, then the state kernel's choice and step
+/// (`CvrpState::choose_and_step`), from `start`, the state the state kernel keeps (the
+/// noise `[R, T]` read at the step's column where the decode samples). The same tours and
+/// log-likelihoods as those steps two launches each; call it only where
+/// `crate::backend::steps_from_context` holds.
+pub(crate) fn fused_decode(
     [fixed_context, last_node_context, capacity_context]: [Tensor<3>; 3],
-    last_node: Tensor<2, burn::tensor::Int>,
-    remaining: Tensor<2>,
     by_feature: Tensor<3>,
-    mask: Tensor<2, Bool>,
-    state: crate::state::KernelStepInputs,
-    noise: Option<(Tensor<2>, usize)>,
+    start: crate::state::KernelDecodeStart,
+    noise: Option<Tensor<2>>,
+    span: DecodeSpan,
     heads: usize,
     (tanh_clipping, temperature): (f64, f64),
-) -> (Tensor<2>, crate::state::KernelStep) {
+) -> WholeDecode {
     #[cfg(any(feature = "cuda", feature = "cpu"))]
     {
         use burn::backend::Dispatch;
         let sample = noise.is_some();
+        let state = start.step;
         // Greedy reads no noise: any float tensor stands in.
-        let (noise, column) = noise.unwrap_or_else(|| (state.used.clone(), 0));
-        let (log_p, action, used, served, mask, remaining) =
-            <Dispatch as DecoderStepFromContextBackend>::decoder_step_and_choice(
+        let noise = noise.unwrap_or_else(|| state.used.clone());
+        let (actions, log_likelihood, seen_mask, seen_remaining) =
+            <Dispatch as DecoderStepFromContextBackend>::decode_from_context(
                 fixed_context.into_dispatch(),
                 last_node_context.into_dispatch(),
                 capacity_context.into_dispatch(),
-                last_node.into_dispatch(),
-                remaining.into_dispatch(),
                 by_feature.into_dispatch(),
-                mask.into_dispatch(),
-                state.demands.into_dispatch(),
-                state.capacity.into_dispatch(),
+                start.last_node.into_dispatch(),
                 state.used.into_dispatch(),
                 state.served.into_dispatch(),
+                start.mask.into_dispatch(),
+                start.remaining.into_dispatch(),
+                state.demands.into_dispatch(),
+                state.capacity.into_dispatch(),
                 noise.without_autodiff().into_dispatch(),
                 heads,
                 tanh_clipping as f32,
                 temperature as f32,
                 state.tolerance,
                 sample,
-                column as u32,
+                span.first,
+                span.steps,
+                span.log_likelihood,
+                span.record_seen,
             );
-        let step = crate::state::KernelStep {
-            action: Tensor::from_dispatch(action),
-            used: Tensor::from_dispatch(used),
-            served: Tensor::from_dispatch(served),
-            mask: Tensor::from_dispatch(mask),
-            remaining: Tensor::from_dispatch(remaining),
-        };
-        (Tensor::from_dispatch(log_p), step)
+        WholeDecode {
+            actions: Tensor::from_dispatch(actions),
+            log_likelihood: Tensor::from_dispatch(log_likelihood),
+            seen: span.record_seen.then(|| {
+                (
+                    Tensor::from_dispatch(seen_mask),
+                    Tensor::from_dispatch(seen_remaining),
+                )
+            }),
+        }
     }
     #[cfg(not(any(feature = "cuda", feature = "cpu")))]
     {
@@ -221,10 +248,9 @@ pub(crate) fn fused_step_and_choose(
             fixed_context,
             last_node_context,
             capacity_context,
-            last_node,
+            by_feature,
         );
-        let _ = (remaining, by_feature, mask, state, noise, heads);
-        let _ = (tanh_clipping, temperature);
+        let _ = (start, noise, span, heads, tanh_clipping, temperature);
         unreachable!("no CubeCL backend is compiled in; check `steps_from_context` first")
     }
 }
@@ -275,7 +301,7 @@ mod cube_impl {
     use burn::tensor::Shape;
     use burn_cubecl::CubeBackend;
 
-    use super::{cube_kernel, DecoderStepBackend};
+    use super::{cube_decode, cube_kernel, DecoderStepBackend};
 
     /// The step's backward pass on CubeCL, as its own operation: what the autodiff
     /// backward of [`DecoderStepBackend::decoder_step`] runs there.
@@ -327,35 +353,39 @@ mod cube_impl {
             temperature: f32,
         ) -> FloatTensor<Self>;
 
-        /// [`Self::decoder_step_from_context`], then each row's choice and the state's step
-        /// to it, as `StateStepBackend::choose_and_step` makes them, in one kernel: returns
-        /// the log-probabilities, the choice `[B × S, 1]` (`last_node`'s int type), the new
-        /// load, served flags, mask (`mask`'s bool type) and remaining capacity fraction.
+        /// A whole decode without gradients in one kernel (`cube_decode::decode`): from the
+        /// state `last_node`, `used`, `served`, `mask`, `remaining` (as the state kernel
+        /// keeps them), steps `first..first + steps`, each the decoder step from its
+        /// context, the choice (with `sample`, at the noise's column of the step) and the
+        /// state's step. Returns the actions `[B × S, first + steps]`, the log-likelihood
+        /// `[B × S]` (zeros unless `log_likelihood`), and with `record_seen` the mask
+        /// `[B × S, steps, N]` and remaining capacity fraction `[B × S, steps]` each step met.
         #[allow(clippy::too_many_arguments, clippy::type_complexity)]
-        #[fusion(meta = step_and_choice_metadata)]
-        fn decoder_step_and_choice(
+        #[fusion(meta = decode_metadata)]
+        fn decode_from_context(
             fixed_context: FloatTensor<Self>,
             last_node_context: FloatTensor<Self>,
             capacity_context: FloatTensor<Self>,
-            last_node: IntTensor<Self>,
-            remaining: FloatTensor<Self>,
             by_feature: FloatTensor<Self>,
-            mask: BoolTensor<Self>,
-            demands: FloatTensor<Self>,
-            capacity: FloatTensor<Self>,
+            last_node: IntTensor<Self>,
             used: FloatTensor<Self>,
             served: FloatTensor<Self>,
+            mask: BoolTensor<Self>,
+            remaining: FloatTensor<Self>,
+            demands: FloatTensor<Self>,
+            capacity: FloatTensor<Self>,
             noise: FloatTensor<Self>,
             heads: usize,
             tanh_clipping: f32,
             temperature: f32,
             tolerance: f32,
             sample: bool,
-            column: u32,
+            first: usize,
+            steps: usize,
+            log_likelihood: bool,
+            record_seen: bool,
         ) -> (
-            FloatTensor<Self>,
             IntTensor<Self>,
-            FloatTensor<Self>,
             FloatTensor<Self>,
             BoolTensor<Self>,
             FloatTensor<Self>,
@@ -363,28 +393,29 @@ mod cube_impl {
     }
 
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
-    fn step_and_choice_metadata(
+    fn decode_metadata(
         _fixed_context: &burn::backend::fusion::custom::TensorSpec,
         last_node_context: &burn::backend::fusion::custom::TensorSpec,
         _capacity_context: &burn::backend::fusion::custom::TensorSpec,
-        last_node: &burn::backend::fusion::custom::TensorSpec,
-        _remaining: &burn::backend::fusion::custom::TensorSpec,
         _by_feature: &burn::backend::fusion::custom::TensorSpec,
-        mask: &burn::backend::fusion::custom::TensorSpec,
-        _demands: &burn::backend::fusion::custom::TensorSpec,
-        _capacity: &burn::backend::fusion::custom::TensorSpec,
+        last_node: &burn::backend::fusion::custom::TensorSpec,
         _used: &burn::backend::fusion::custom::TensorSpec,
         _served: &burn::backend::fusion::custom::TensorSpec,
+        mask: &burn::backend::fusion::custom::TensorSpec,
+        _remaining: &burn::backend::fusion::custom::TensorSpec,
+        _demands: &burn::backend::fusion::custom::TensorSpec,
+        _capacity: &burn::backend::fusion::custom::TensorSpec,
         _noise: &burn::backend::fusion::custom::TensorSpec,
         _heads: &usize,
         _tanh_clipping: &f32,
         _temperature: &f32,
         _tolerance: &f32,
         _sample: &bool,
-        _column: &u32,
+        first: &usize,
+        steps: &usize,
+        log_likelihood: &bool,
+        record_seen: &bool,
     ) -> (
-        burn::backend::fusion::custom::TensorSpec,
-        burn::backend::fusion::custom::TensorSpec,
         burn::backend::fusion::custom::TensorSpec,
         burn::backend::fusion::custom::TensorSpec,
         burn::backend::fusion::custom::TensorSpec,
@@ -392,15 +423,20 @@ mod cube_impl {
     ) {
         use burn::backend::fusion::custom::TensorSpec;
         let [rows, nodes] = mask.shape.dims::<2>();
+        let span = super::DecodeSpan {
+            first: *first,
+            steps: *steps,
+            log_likelihood: *log_likelihood,
+            record_seen: *record_seen,
+        };
+        let [actions, log_likelihood, seen_mask, seen_remaining] =
+            super::cube_decode::output_shapes(&span, rows, nodes);
         let float = last_node_context.dtype;
-        let spec = |shape: [usize; 2], dtype| TensorSpec::new(Shape::new(shape), dtype);
         (
-            spec([rows, nodes], float),
-            spec([rows, 1], last_node.dtype),
-            spec([rows, 1], float),
-            spec([rows, nodes], float),
-            spec([rows, nodes], mask.dtype),
-            spec([rows, 1], float),
+            TensorSpec::new(actions, last_node.dtype),
+            TensorSpec::new(log_likelihood, float),
+            TensorSpec::new(seen_mask, mask.dtype),
+            TensorSpec::new(seen_remaining, float),
         )
     }
 
@@ -427,54 +463,57 @@ mod cube_impl {
             cube_kernel::forward_from_context(context, last_node, by_feature, mask, heads, scale)
         }
 
-        fn decoder_step_and_choice(
+        fn decode_from_context(
             fixed_context: FloatTensor<Self>,
             last_node_context: FloatTensor<Self>,
             capacity_context: FloatTensor<Self>,
-            last_node: IntTensor<Self>,
-            remaining: FloatTensor<Self>,
             by_feature: FloatTensor<Self>,
-            mask: BoolTensor<Self>,
-            demands: FloatTensor<Self>,
-            capacity: FloatTensor<Self>,
+            last_node: IntTensor<Self>,
             used: FloatTensor<Self>,
             served: FloatTensor<Self>,
+            mask: BoolTensor<Self>,
+            remaining: FloatTensor<Self>,
+            demands: FloatTensor<Self>,
+            capacity: FloatTensor<Self>,
             noise: FloatTensor<Self>,
             heads: usize,
             tanh_clipping: f32,
             temperature: f32,
             tolerance: f32,
             sample: bool,
-            column: u32,
+            first: usize,
+            steps: usize,
+            log_likelihood: bool,
+            record_seen: bool,
         ) -> (
-            FloatTensor<Self>,
             IntTensor<Self>,
-            FloatTensor<Self>,
             FloatTensor<Self>,
             BoolTensor<Self>,
             FloatTensor<Self>,
         ) {
-            let context = [
-                fixed_context,
-                last_node_context,
-                capacity_context,
-                remaining,
-            ];
-            let state = cube_kernel::StateInputs {
-                demands,
-                capacity,
+            let start = cube_decode::DecodeStart {
+                last_node,
                 used,
                 served,
+                mask,
+                remaining,
+                demands,
+                capacity,
                 noise,
-                column,
                 sample,
                 tolerance,
             };
+            let span = super::DecodeSpan {
+                first,
+                steps,
+                log_likelihood,
+                record_seen,
+            };
+            let context = [fixed_context, last_node_context, capacity_context];
             let scale = (tanh_clipping, temperature);
-            let [log_p, action, used, served, mask, remaining] = cube_kernel::step_and_choose(
-                context, last_node, by_feature, mask, state, heads, scale,
-            );
-            (log_p, action, used, served, mask, remaining)
+            let [actions, log_likelihood, seen_mask, seen_remaining] =
+                cube_decode::decode(context, by_feature, start, span, heads, scale);
+            (actions, log_likelihood, seen_mask, seen_remaining)
         }
     }
 

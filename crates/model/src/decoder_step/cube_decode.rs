@@ -1,0 +1,340 @@
+//! A whole decode without gradients as one CubeCL kernel: every step's decoder step, the
+//! row's choice and the state's step to it, in a loop inside the kernel.
+//!
+//! One cube per row, as [`super::cube_kernel`]'s step: a row's steps read only the row's
+//! own state and its instance's keys, so the cube can take them one after another with
+//! barriers between, and no step needs another cube's work. A decode of 2n steps was 2n
+//! launches (~30 µs of host time each on an H200, measured in session 34): here it is one.
+//!
+//! Each step is the same code as the one-step kernel's ([`query_from_context`],
+//! [`step_row`], `crate::state_kernel::choose_and_step_in_cube`), so the tours and
+//! log-likelihoods are the step-by-step decode's bit for bit. The state lives in two sets
+//! of row buffers: a step reads the current set and writes the next, which is then copied
+//! back (a row's `N + 4` values, against the step's `H·N·d` products).
+
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::tensor::Shape;
+// The `cube` macro's expansion names the `cubecl` crate: Burn's re-export of it.
+use burn_cubecl::cubecl;
+use burn_cubecl::cubecl::prelude::*;
+use burn_cubecl::cubecl::CubeCount;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+
+use super::cube_kernel::{cube_dim, fits, query_from_context, step_row, UNITS};
+use super::DecodeSpan;
+use crate::state_kernel::choose_and_step_in_cube;
+
+/// The state a decode starts from (`[R, 1]` node, load and remaining capacity fraction,
+/// `[R, N]` served flags and mask), what the state's step reads (`demands` `[R, N]`,
+/// `capacity` `[R, 1]`, the tolerance) and the noise `[R, T]` a sampled decode reads
+/// column by column.
+pub(crate) struct DecodeStart {
+    pub last_node: CubeTensor,
+    pub used: CubeTensor,
+    pub served: CubeTensor,
+    pub mask: CubeTensor,
+    pub remaining: CubeTensor,
+    pub demands: CubeTensor,
+    pub capacity: CubeTensor,
+    pub noise: CubeTensor,
+    pub sample: bool,
+    pub tolerance: f32,
+}
+
+/// The shapes of [`decode`]'s four outputs for `rows` rows of `nodes` nodes: the actions
+/// `[R, first + steps]`, the log-likelihood `[R]`, and what each step met, the masks
+/// `[R, K, N]` and remaining capacity fractions `[R, K]` (K = `steps`, or 1 × 1 stand-ins
+/// where not recorded).
+pub(crate) fn output_shapes(span: &DecodeSpan, rows: usize, nodes: usize) -> [Shape; 4] {
+    let (seen_rows, seen_steps, seen_nodes) = match span.record_seen {
+        true => (rows, span.steps, nodes),
+        false => (1, 1, 1),
+    };
+    [
+        Shape::new([rows, span.first + span.steps]),
+        Shape::new([rows]),
+        Shape::new([seen_rows, seen_steps, seen_nodes]),
+        Shape::new([seen_rows, seen_steps]),
+    ]
+}
+
+/// The decode: `[actions, log_likelihood, seen_mask, seen_remaining]` as
+/// [`output_shapes`] (the actions in `last_node`'s int type, the masks in `mask`'s
+/// bool type); the log-likelihood is zeros unless the span asks for it.
+///
+/// # Shapes
+/// - `fixed_context`: `[B, 1, d]`, `last_node_context`: `[B, N, d]`, `capacity_context`:
+///   `[1, 1, d]`, `by_feature`: `[B, 3d, Np]`; the start as [`DecodeStart`]
+pub(crate) fn decode(
+    [fixed_context, last_node_context, capacity_context]: [CubeTensor; 3],
+    by_feature: CubeTensor,
+    start: DecodeStart,
+    span: DecodeSpan,
+    heads: usize,
+    (tanh_clipping, temperature): (f32, f32),
+) -> [CubeTensor; 4] {
+    let contiguous = [
+        fixed_context,
+        last_node_context,
+        capacity_context,
+        by_feature,
+        start.used,
+        start.served,
+        start.remaining,
+        start.demands,
+        start.capacity,
+        start.noise,
+    ]
+    .map(into_contiguous);
+    let [fixed_context, last_node_context, capacity_context, by_feature, used, served, remaining, demands, capacity, noise] =
+        contiguous;
+    let (last_node, mask) = (
+        into_contiguous(start.last_node),
+        into_contiguous(start.mask),
+    );
+    let [b, nodes, d] = last_node_context.meta.shape().dims::<3>();
+    let rows = mask.meta.shape().dims::<2>()[0];
+    let padded_nodes = by_feature.meta.shape().dims::<3>()[2];
+    assert!(
+        fits(nodes, heads, d, false) && d % heads == 0,
+        "the CubeCL decoder step's shared memory does not hold {nodes} nodes"
+    );
+    let (float, int, boolean) = (last_node_context.dtype, last_node.dtype, mask.dtype);
+    let empty = |shape: Shape, dtype| {
+        let (client, device) = (mask.client.clone(), mask.device.clone());
+        empty_device_contiguous_dtype(client, device, shape, dtype)
+    };
+    // Working tensors: the step's query `[B, S, d]` and log-probabilities, and the state's
+    // current and next sets.
+    let query = empty(Shape::new([b, rows / b, d]), float);
+    let log_p = empty(Shape::new([rows, nodes]), float);
+    let state = |dtype_of_row: [burn::tensor::DType; 5]| {
+        let [node, load, flags, mask, fraction] = dtype_of_row;
+        [
+            empty(Shape::new([rows, 1]), node),
+            empty(Shape::new([rows, 1]), load),
+            empty(Shape::new([rows, nodes]), flags),
+            empty(Shape::new([rows, nodes]), mask),
+            empty(Shape::new([rows, 1]), fraction),
+        ]
+    };
+    let [now_node, now_used, now_served, now_mask, now_remaining] =
+        state([int, float, float, boolean, float]);
+    let [next_node, next_used, next_served, next_mask, next_remaining] =
+        state([int, float, float, boolean, float]);
+    let [actions, log_likelihood, seen_mask, seen_remaining] = output_shapes(&span, rows, nodes);
+    let actions = empty(actions, int);
+    let log_likelihood = empty(log_likelihood, float);
+    let seen_mask = empty(seen_mask, boolean);
+    let seen_remaining = empty(seen_remaining, float);
+    let noise_width = noise.meta.shape()[1] as u32;
+    let client = mask.client.clone();
+    decode_kernel::launch(
+        &client,
+        CubeCount::Static(rows as u32, 1, 1),
+        cube_dim(&client, UNITS),
+        fixed_context.into_tensor_arg(),
+        last_node_context.into_tensor_arg(),
+        capacity_context.into_tensor_arg(),
+        by_feature.into_tensor_arg(),
+        noise.into_tensor_arg(),
+        demands.into_tensor_arg(),
+        capacity.into_tensor_arg(),
+        last_node.into_tensor_arg(),
+        used.into_tensor_arg(),
+        served.into_tensor_arg(),
+        mask.into_tensor_arg(),
+        remaining.into_tensor_arg(),
+        query.into_tensor_arg(),
+        log_p.into_tensor_arg(),
+        now_node.into_tensor_arg(),
+        now_used.into_tensor_arg(),
+        now_served.into_tensor_arg(),
+        now_mask.into_tensor_arg(),
+        now_remaining.into_tensor_arg(),
+        next_node.into_tensor_arg(),
+        next_used.into_tensor_arg(),
+        next_served.into_tensor_arg(),
+        next_mask.into_tensor_arg(),
+        next_remaining.into_tensor_arg(),
+        actions.clone().into_tensor_arg(),
+        log_likelihood.clone().into_tensor_arg(),
+        seen_mask.clone().into_tensor_arg(),
+        seen_remaining.clone().into_tensor_arg(),
+        tanh_clipping,
+        temperature,
+        start.tolerance,
+        (rows / b) as u32,
+        nodes as u32,
+        u32::from(start.sample),
+        noise_width,
+        span.first as u32,
+        span.steps as u32,
+        u32::from(span.log_likelihood),
+        u32::from(span.record_seen),
+        heads,
+        d / heads,
+        padded_nodes,
+        [float, int, boolean].map(dtype_to_storage_type),
+    );
+    [actions, log_likelihood, seen_mask, seen_remaining]
+}
+
+/// Row `CUBE_POS_X`'s whole decode: the start state copied into the current set, then at
+/// each step the query from the context ([`query_from_context`]), the step
+/// ([`step_row`]), the choice and the state's step into the next set
+/// (`choose_and_step_in_cube`, noise column `first + t`), and the next set copied back,
+/// with the action (and the chosen log-probability, where asked) recorded.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn decode_kernel<F: Float, I: Int, M: Int>(
+    fixed_context: &Tensor<F>,
+    last_node_context: &Tensor<F>,
+    capacity_context: &Tensor<F>,
+    by_feature: &Tensor<F>,
+    noise: &Tensor<F>,
+    demands: &Tensor<F>,
+    capacity: &Tensor<F>,
+    start_node: &Tensor<I>,
+    start_used: &Tensor<F>,
+    start_served: &Tensor<F>,
+    start_mask: &Tensor<M>,
+    start_remaining: &Tensor<F>,
+    query: &mut Tensor<F>,
+    log_p: &mut Tensor<F>,
+    now_node: &mut Tensor<I>,
+    now_used: &mut Tensor<F>,
+    now_served: &mut Tensor<F>,
+    now_mask: &mut Tensor<M>,
+    now_remaining: &mut Tensor<F>,
+    next_node: &mut Tensor<I>,
+    next_used: &mut Tensor<F>,
+    next_served: &mut Tensor<F>,
+    next_mask: &mut Tensor<M>,
+    next_remaining: &mut Tensor<F>,
+    actions: &mut Tensor<I>,
+    log_likelihood: &mut Tensor<F>,
+    seen_mask: &mut Tensor<M>,
+    seen_remaining: &mut Tensor<F>,
+    tanh_clipping: f32,
+    temperature: f32,
+    tolerance: f32,
+    starts: u32,
+    node_count: u32,
+    sample: u32,
+    noise_width: u32,
+    first: u32,
+    steps: u32,
+    keep_log_likelihood: u32,
+    record_seen: u32,
+    #[comptime] heads: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] padded_nodes: usize,
+    #[define(F, I, M)] _dtypes: [ElemType; 3],
+) {
+    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
+    let row = CUBE_POS_X as usize;
+    let nodes = node_count as usize;
+    let (first, steps) = (first as usize, steps as usize);
+    let width = first + steps;
+    let mut node = unit;
+    while node < nodes {
+        now_served[row * nodes + node] = start_served[row * nodes + node];
+        now_mask[row * nodes + node] = start_mask[row * nodes + node];
+        node += units;
+    }
+    if unit == 0 {
+        now_node[row] = start_node[row];
+        now_used[row] = start_used[row];
+        now_remaining[row] = start_remaining[row];
+        log_likelihood[row] = F::new(0.0);
+        if first == 1 {
+            actions[row * width] = start_node[row];
+        }
+    }
+    sync_cube();
+
+    let mut attention = Shared::new_slice(heads * padded_nodes);
+    let mut logits = Shared::new_slice(padded_nodes);
+    for t in 0..steps {
+        if record_seen == 1u32 {
+            let mut node = unit;
+            while node < nodes {
+                seen_mask[(row * steps + t) * nodes + node] = now_mask[row * nodes + node];
+                node += units;
+            }
+            if unit == 0 {
+                seen_remaining[row * steps + t] = now_remaining[row];
+            }
+        }
+        query_from_context(
+            fixed_context,
+            last_node_context,
+            capacity_context,
+            &*now_remaining,
+            &*now_node,
+            query,
+            starts,
+            node_count,
+            heads * head_dim,
+        );
+        step_row(
+            &*query,
+            by_feature,
+            &*now_mask,
+            log_p,
+            &mut attention,
+            &mut logits,
+            tanh_clipping,
+            temperature,
+            starts,
+            node_count,
+            heads,
+            head_dim,
+            padded_nodes,
+        );
+        sync_cube();
+        choose_and_step_in_cube(
+            &logits,
+            &mut attention,
+            noise,
+            row,
+            nodes,
+            sample,
+            noise_width as usize,
+            first + t,
+            demands,
+            capacity,
+            &*now_used,
+            &*now_served,
+            next_node,
+            next_used,
+            next_served,
+            next_mask,
+            next_remaining,
+            tolerance,
+            heads * padded_nodes,
+        );
+        sync_cube();
+        let mut node = unit;
+        while node < nodes {
+            now_served[row * nodes + node] = next_served[row * nodes + node];
+            now_mask[row * nodes + node] = next_mask[row * nodes + node];
+            node += units;
+        }
+        if unit == 0 {
+            let to = next_node[row];
+            now_node[row] = to;
+            now_used[row] = next_used[row];
+            now_remaining[row] = next_remaining[row];
+            actions[row * width + first + t] = to;
+            if keep_log_likelihood == 1u32 {
+                // In the float type and step order of the step-by-step decode's running sum.
+                log_likelihood[row] += log_p[row * nodes + usize::cast_from(to)];
+            }
+        }
+        sync_cube();
+    }
+}
