@@ -25,7 +25,7 @@ use crate::decode::{
 };
 use crate::decoder_step::{
     fused_decode, fused_on, fused_step, fused_step_from_context, keys_by_feature, DecodeSpan,
-    StepKernel,
+    SeenSteps, StepKernel,
 };
 use crate::encoder::{per_node, GraphEncoder, GraphEncoderConfig};
 use crate::linear::matmul_rows;
@@ -162,19 +162,37 @@ impl Precomputed {
     /// - `last`: `[R, K]` node indices, R = B × S; `remaining`: `[B, S·K, 1]`
     /// - output: `[B, S·K, d]`, row s·K + k of instance b for rollout s at step k
     fn query(&self, last: Tensor<2, Int>, remaining: Tensor<3>) -> Tensor<3> {
-        let [b, n, d] = self.last_node_context.dims();
-        let [rows, k] = last.dims();
+        self.query_at(self.context_rows(last), remaining)
+    }
+
+    /// Where the contexts of rows standing at `last` are read in the instances' node rows
+    /// `[B × N, d]`: i · N + the node, for instance i.
+    ///
+    /// # Shapes
+    /// - `last`: `[R, K]` node indices → `[R, K]`
+    fn context_rows(&self, last: Tensor<2, Int>) -> Tensor<2, Int> {
+        let [_, n, _] = self.last_node_context.dims();
+        let [rows, _] = last.dims();
         let row_offsets = self.row_offsets.get_or_init(|| {
             Tensor::<1, Int>::arange(0..rows as i64, &last.device())
                 .div_scalar(self.starts as i64)
                 .mul_scalar(n as i64)
         }); // [R]
-        let rows_of = last + row_offsets.clone().reshape([rows, 1]); // [R, K]
+        last + row_offsets.clone().reshape([rows, 1])
+    }
+
+    /// [`Self::query`] from the rows ([`Self::context_rows`]) the contexts are read at.
+    ///
+    /// # Shapes
+    /// - `context_rows`: `[R, K]`; `remaining`: `[B, S·K, 1]` → `[B, S·K, d]`
+    fn query_at(&self, context_rows: Tensor<2, Int>, remaining: Tensor<3>) -> Tensor<3> {
+        let [b, n, d] = self.last_node_context.dims();
+        let [rows, k] = context_rows.dims();
         let last_context = self
             .last_node_context
             .clone()
             .reshape([b * n, d])
-            .select(0, rows_of.reshape([rows * k]))
+            .select(0, context_rows.reshape([rows * k]))
             .reshape([b, self.starts * k, d]); // [B, S·K, d]
         let step_context = last_context + remaining * self.capacity_context.clone(); // [B, S·K, d]
         self.fixed_context.clone() + step_context
@@ -293,8 +311,12 @@ impl AttentionModel {
                 let [rows, n] = seen[0].0.dims();
                 let (masks, remaining): (Vec<_>, Vec<_>) = seen.into_iter().unzip();
                 let k = masks.len();
-                let mask = cat_columns(masks).reshape([rows, k, n]); // [R, K, N]
-                (sampled, (mask, cat_columns(remaining))) // [R, K]
+                let seen = SeenSteps {
+                    mask: cat_columns(masks).reshape([rows, k, n]),
+                    remaining: cat_columns(remaining),
+                    context_rows: pre.context_rows(left_from(&sampled.actions, k)),
+                };
+                (sampled, seen)
             }
         };
         let log_likelihood = self.score_steps(pre, &sampled.actions, seen, temperature);
@@ -307,16 +329,15 @@ impl AttentionModel {
     /// A decode without gradients as one kernel (`fused_decode`), where the device runs
     /// the decoder step from its context (CubeCL devices) and the fused step runs: the
     /// tours and log-likelihoods of the decode one step at a time, which was a launch a
-    /// step. With `record_seen`, also the mask `[R, K, N]` and remaining capacity fraction
-    /// `[R, K]` each of its K chosen steps met. `None` elsewhere.
-    #[allow(clippy::type_complexity)]
+    /// step. With `record_seen`, also what each of its K chosen steps met. `None`
+    /// elsewhere.
     fn decode_in_one_launch(
         &self,
         problem: &DeviceBatch,
         options: &DecodeOptions,
         pre: &Precomputed,
         record_seen: bool,
-    ) -> Option<(DecodeOutput, Option<(Tensor<3, Bool>, Tensor<2>)>)> {
+    ) -> Option<(DecodeOutput, Option<SeenSteps>)> {
         let by_feature = pre.by_feature.clone()?;
         if !steps_from_context(&pre.last_node_context.device()) {
             return None;
@@ -357,36 +378,23 @@ impl AttentionModel {
     ///
     /// # Shapes
     /// - `actions`: `[R, T]`; `seen`: what each of the last K steps met (POMO's forced
-    ///   first step is not scored), the mask `[R, K, N]` and remaining capacity fraction
-    ///   `[R, K]`
+    ///   first step is not scored)
     /// - output: `[R]`
     fn score_steps(
         &self,
         pre: &Precomputed,
         actions: &Tensor<2, Int>,
-        (mask, remaining): (Tensor<3, Bool>, Tensor<2>),
+        seen: SeenSteps,
         temperature: f64,
     ) -> Tensor<1> {
         let [b, n, _] = pre.last_node_context.dims();
         let [rows, t] = actions.dims();
-        let [_, k, _] = mask.dims();
+        let [_, k, _] = seen.mask.dims();
         let first = t - k;
         // Row (r, step) of the step's rows is r · K + step: an instance's S·K rows together.
-        let mask = mask.reshape([rows * k, n]); // [R·K, N]
-        let remaining = remaining.reshape([b, pre.starts * k, 1]); // [B, S·K, 1]
-
-        // Each step leaves from the node chosen at the step before (the depot at the first).
-        let last = match first {
-            0 => Tensor::cat(
-                vec![
-                    Tensor::zeros([rows, 1], &actions.device()),
-                    actions.clone().slice_dim(1, 0..t - 1),
-                ],
-                1,
-            ),
-            _ => actions.clone().slice_dim(1, first - 1..t - 1),
-        }; // [R, K]
-        let query = pre.query(last, remaining); // [B, S·K, d]
+        let mask = seen.mask.reshape([rows * k, n]); // [R·K, N]
+        let remaining = seen.remaining.reshape([b, pre.starts * k, 1]); // [B, S·K, 1]
+        let query = pre.query_at(seen.context_rows, remaining); // [B, S·K, d]
         let by_feature = pre.by_feature.clone().expect("scored with the fused step");
         let log_p = fused_step(
             query,
@@ -647,6 +655,25 @@ impl AttentionModel {
         product(attention, values, pre.precision) // [B, H, S, dk]
             .swap_dims(1, 2)
             .reshape([b, s, heads * dk]) // [B, S, d]
+    }
+}
+
+/// The node each of a decode's last K steps left from: the node chosen at the step before,
+/// the depot at the first.
+///
+/// # Shapes
+/// - `actions`: `[R, T]` → `[R, K]`
+fn left_from(actions: &Tensor<2, Int>, k: usize) -> Tensor<2, Int> {
+    let [rows, t] = actions.dims();
+    match t - k {
+        0 => Tensor::cat(
+            vec![
+                Tensor::zeros([rows, 1], &actions.device()),
+                actions.clone().slice_dim(1, 0..t - 1),
+            ],
+            1,
+        ),
+        first => actions.clone().slice_dim(1, first - 1..t - 1),
     }
 }
 

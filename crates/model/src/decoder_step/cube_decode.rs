@@ -43,11 +43,11 @@ pub(crate) struct DecodeStart {
     pub tolerance: f32,
 }
 
-/// The shapes of [`decode`]'s four outputs for `rows` rows of `nodes` nodes: the actions
+/// The shapes of [`decode`]'s five outputs for `rows` rows of `nodes` nodes: the actions
 /// `[R, first + steps]`, the log-likelihood `[R]`, and what each step met, the masks
-/// `[R, K, N]` and remaining capacity fractions `[R, K]` (K = `steps`, or 1 × 1 stand-ins
-/// where not recorded).
-pub(crate) fn output_shapes(span: &DecodeSpan, rows: usize, nodes: usize) -> [Shape; 4] {
+/// `[R, K, N]`, remaining capacity fractions `[R, K]` and context rows `[R, K]` (K =
+/// `steps`, or 1 × 1 stand-ins where not recorded).
+pub(crate) fn output_shapes(span: &DecodeSpan, rows: usize, nodes: usize) -> [Shape; 5] {
     let (seen_rows, seen_steps, seen_nodes) = match span.record_seen {
         true => (rows, span.steps, nodes),
         false => (1, 1, 1),
@@ -57,12 +57,15 @@ pub(crate) fn output_shapes(span: &DecodeSpan, rows: usize, nodes: usize) -> [Sh
         Shape::new([rows]),
         Shape::new([seen_rows, seen_steps, seen_nodes]),
         Shape::new([seen_rows, seen_steps]),
+        Shape::new([seen_rows, seen_steps]),
     ]
 }
 
-/// The decode: `[actions, log_likelihood, seen_mask, seen_remaining]` as
-/// [`output_shapes`] (the actions in `last_node`'s int type, the masks in `mask`'s
-/// bool type); the log-likelihood is zeros unless the span asks for it.
+/// The decode: `[actions, log_likelihood, seen_mask, seen_remaining, seen_rows]` as
+/// [`output_shapes`] (the actions and rows in `last_node`'s int type, the masks in `mask`'s
+/// bool type); the log-likelihood is zeros unless the span asks for it. A step's context
+/// row is where its context is read in the instances' node rows `[B × N, d]`: i · N + the
+/// node the row stands at.
 ///
 /// # Shapes
 /// - `fixed_context`: `[B, 1, d]`, `last_node_context`: `[B, N, d]`, `capacity_context`:
@@ -74,7 +77,7 @@ pub(crate) fn decode(
     span: DecodeSpan,
     heads: usize,
     (tanh_clipping, temperature): (f32, f32),
-) -> [CubeTensor; 4] {
+) -> [CubeTensor; 5] {
     let contiguous = [
         fixed_context,
         last_node_context,
@@ -124,11 +127,13 @@ pub(crate) fn decode(
         state([int, float, float, boolean, float]);
     let [next_node, next_used, next_served, next_mask, next_remaining] =
         state([int, float, float, boolean, float]);
-    let [actions, log_likelihood, seen_mask, seen_remaining] = output_shapes(&span, rows, nodes);
+    let [actions, log_likelihood, seen_mask, seen_remaining, seen_rows] =
+        output_shapes(&span, rows, nodes);
     let actions = empty(actions, int);
     let log_likelihood = empty(log_likelihood, float);
     let seen_mask = empty(seen_mask, boolean);
     let seen_remaining = empty(seen_remaining, float);
+    let seen_rows = empty(seen_rows, int);
     let noise_width = noise.meta.shape()[1] as u32;
     let client = mask.client.clone();
     decode_kernel::launch(
@@ -163,6 +168,7 @@ pub(crate) fn decode(
         log_likelihood.clone().into_tensor_arg(),
         seen_mask.clone().into_tensor_arg(),
         seen_remaining.clone().into_tensor_arg(),
+        seen_rows.clone().into_tensor_arg(),
         tanh_clipping,
         temperature,
         start.tolerance,
@@ -179,7 +185,13 @@ pub(crate) fn decode(
         padded_nodes,
         [float, int, boolean].map(dtype_to_storage_type),
     );
-    [actions, log_likelihood, seen_mask, seen_remaining]
+    [
+        actions,
+        log_likelihood,
+        seen_mask,
+        seen_remaining,
+        seen_rows,
+    ]
 }
 
 /// Row `CUBE_POS_X`'s whole decode: the start state copied into the current set, then at
@@ -218,6 +230,7 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
     log_likelihood: &mut Tensor<F>,
     seen_mask: &mut Tensor<M>,
     seen_remaining: &mut Tensor<F>,
+    seen_rows: &mut Tensor<I>,
     tanh_clipping: f32,
     temperature: f32,
     tolerance: f32,
@@ -267,6 +280,9 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
             }
             if unit == 0 {
                 seen_remaining[row * steps + t] = now_remaining[row];
+                let instance = row / starts as usize;
+                let node = usize::cast_from(now_node[row]);
+                seen_rows[row * steps + t] = I::cast_from(instance * nodes + node);
             }
         }
         query_from_context(

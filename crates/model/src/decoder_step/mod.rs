@@ -176,13 +176,24 @@ pub(crate) struct DecodeSpan {
     pub record_seen: bool,
 }
 
+/// What each of a decode's K chosen steps met, for scoring its tours afterwards
+/// (`AttentionModel::score_steps`).
+pub(crate) struct SeenSteps {
+    /// `[R, K, N]` the step's mask.
+    pub mask: Tensor<3, Bool>,
+    /// `[R, K]` the remaining capacity fraction.
+    pub remaining: Tensor<2>,
+    /// `[R, K]` where the step's context is read in the instances' node rows `[B × N, d]`:
+    /// i · N + the node the row stood at (instance i).
+    pub context_rows: Tensor<2, burn::tensor::Int>,
+}
+
 /// What [`fused_decode`] gives: the actions `[R, first + steps]`, the log-likelihood `[R]`
-/// (zeros unless asked for), and where recorded, the mask `[R, K, N]` and remaining
-/// capacity fraction `[R, K]` each of the K steps met.
+/// (zeros unless asked for), and where recorded, what each of the K steps met.
 pub(crate) struct WholeDecode {
     pub actions: Tensor<2, burn::tensor::Int>,
     pub log_likelihood: Tensor<1>,
-    pub seen: Option<(Tensor<3, Bool>, Tensor<2>)>,
+    pub seen: Option<SeenSteps>,
 }
 
 /// A whole decode without gradients as one kernel: at every step of `span`,
@@ -207,7 +218,7 @@ pub(crate) fn fused_decode(
         let state = start.step;
         // Greedy reads no noise: any float tensor stands in.
         let noise = noise.unwrap_or_else(|| state.used.clone());
-        let (actions, log_likelihood, seen_mask, seen_remaining) =
+        let (actions, log_likelihood, seen_mask, seen_remaining, seen_rows) =
             <Dispatch as DecoderStepFromContextBackend>::decode_from_context(
                 fixed_context.into_dispatch(),
                 last_node_context.into_dispatch(),
@@ -234,11 +245,10 @@ pub(crate) fn fused_decode(
         WholeDecode {
             actions: Tensor::from_dispatch(actions),
             log_likelihood: Tensor::from_dispatch(log_likelihood),
-            seen: span.record_seen.then(|| {
-                (
-                    Tensor::from_dispatch(seen_mask),
-                    Tensor::from_dispatch(seen_remaining),
-                )
+            seen: span.record_seen.then(|| SeenSteps {
+                mask: Tensor::from_dispatch(seen_mask),
+                remaining: Tensor::from_dispatch(seen_remaining),
+                context_rows: Tensor::from_dispatch(seen_rows),
             }),
         }
     }
@@ -359,7 +369,8 @@ mod cube_impl {
         /// context, the choice (with `sample`, at the noise's column of the step) and the
         /// state's step. Returns the actions `[B × S, first + steps]`, the log-likelihood
         /// `[B × S]` (zeros unless `log_likelihood`), and with `record_seen` the mask
-        /// `[B × S, steps, N]` and remaining capacity fraction `[B × S, steps]` each step met.
+        /// `[B × S, steps, N]`, remaining capacity fraction and context row
+        /// `[B × S, steps]` each step met (`super::SeenSteps`).
         #[allow(clippy::too_many_arguments, clippy::type_complexity)]
         #[fusion(meta = decode_metadata)]
         fn decode_from_context(
@@ -389,6 +400,7 @@ mod cube_impl {
             FloatTensor<Self>,
             BoolTensor<Self>,
             FloatTensor<Self>,
+            IntTensor<Self>,
         );
     }
 
@@ -420,6 +432,7 @@ mod cube_impl {
         burn::backend::fusion::custom::TensorSpec,
         burn::backend::fusion::custom::TensorSpec,
         burn::backend::fusion::custom::TensorSpec,
+        burn::backend::fusion::custom::TensorSpec,
     ) {
         use burn::backend::fusion::custom::TensorSpec;
         let [rows, nodes] = mask.shape.dims::<2>();
@@ -429,7 +442,7 @@ mod cube_impl {
             log_likelihood: *log_likelihood,
             record_seen: *record_seen,
         };
-        let [actions, log_likelihood, seen_mask, seen_remaining] =
+        let [actions, log_likelihood, seen_mask, seen_remaining, seen_rows] =
             super::cube_decode::output_shapes(&span, rows, nodes);
         let float = last_node_context.dtype;
         (
@@ -437,6 +450,7 @@ mod cube_impl {
             TensorSpec::new(log_likelihood, float),
             TensorSpec::new(seen_mask, mask.dtype),
             TensorSpec::new(seen_remaining, float),
+            TensorSpec::new(seen_rows, last_node.dtype),
         )
     }
 
@@ -490,6 +504,7 @@ mod cube_impl {
             FloatTensor<Self>,
             BoolTensor<Self>,
             FloatTensor<Self>,
+            IntTensor<Self>,
         ) {
             let start = cube_decode::DecodeStart {
                 last_node,
@@ -511,9 +526,15 @@ mod cube_impl {
             };
             let context = [fixed_context, last_node_context, capacity_context];
             let scale = (tanh_clipping, temperature);
-            let [actions, log_likelihood, seen_mask, seen_remaining] =
+            let [actions, log_likelihood, seen_mask, seen_remaining, seen_rows] =
                 cube_decode::decode(context, by_feature, start, span, heads, scale);
-            (actions, log_likelihood, seen_mask, seen_remaining)
+            (
+                actions,
+                log_likelihood,
+                seen_mask,
+                seen_remaining,
+                seen_rows,
+            )
         }
     }
 
