@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::decoder_step::StepKernel;
 use crate::linear;
 use crate::matmul::MatmulPrecision;
-use crate::normalization::BatchNorms;
+use crate::normalization::{BatchNormRun, RunningUpdates};
 use crate::self_attention;
 
 /// Which normalisation follows each skip connection.
@@ -109,22 +109,12 @@ impl GraphEncoder {
         // The layers run on rows: on CubeCL a reshape ends a fused chain, and as rows each
         // product fuses with the bias and skip additions after it.
         let mut rows = h.reshape([b * n, d]); // [B × N, d]
-        let mut batch_norms = BatchNorms::new(self.batch_norms(), &rows.device());
+        let mut running_updates = RunningUpdates::default();
         for layer in &self.layers {
-            rows = layer.forward(rows, n, p, &mut batch_norms);
+            rows = layer.forward(rows, n, p, &mut running_updates);
         }
-        batch_norms.finish();
+        running_updates.finish();
         rows.reshape([b, n, d])
-    }
-
-    /// The layers' batch norms, in the order the forward pass runs them.
-    fn batch_norms(&self) -> impl Iterator<Item = &BatchNorm> {
-        let norms = self.layers.iter();
-        let norms = norms.flat_map(|layer| [&layer.attention_norm, &layer.feed_forward_norm]);
-        norms.filter_map(|norm| match norm {
-            Norm::Batch(bn) => Some(bn),
-            _ => None,
-        })
     }
 }
 
@@ -150,7 +140,7 @@ impl EncoderLayer {
     }
 
     /// One layer over the rows of B instances of `nodes` nodes each, products at `p`.
-    /// Its batch norms run through `batch_norms`.
+    /// Its batch norms' training statistics go to `running_updates`.
     ///
     /// # Shapes
     /// - `h`: `[B × N, d]` → `[B × N, d]`
@@ -159,13 +149,19 @@ impl EncoderLayer {
         h: Tensor<2>,
         nodes: usize,
         p: MatmulPrecision,
-        batch_norms: &mut BatchNorms<'a>,
+        running_updates: &mut RunningUpdates<'a>,
     ) -> Tensor<2> {
+        // Both norms are readied before the layer's first operation: a batch norm's
+        // inference form reshapes its parameters, and on CubeCL a reshape between a skip
+        // addition and its norm would split them into two kernels.
+        let device = h.device();
+        let [attention_norm, feed_forward_norm] =
+            [&self.attention_norm, &self.feed_forward_norm].map(|norm| norm.ready(&device));
         let attended = self.attention.forward(h.clone(), nodes, p); // [B × N, d]
-        let h = self.attention_norm.forward(attended, h, nodes, batch_norms);
+        let h = attention_norm.forward(attended, h, nodes, running_updates);
         let hidden = relu(linear::forward(&self.feed_forward_in, h.clone(), p)); // [B × N, ff]
         let ff = linear::forward(&self.feed_forward_out, hidden, p); // [B × N, d]
-        self.feed_forward_norm.forward(ff, h, nodes, batch_norms)
+        feed_forward_norm.forward(ff, h, nodes, running_updates)
     }
 }
 
@@ -254,25 +250,47 @@ impl Norm {
         }
     }
 
+    /// The norm as one forward pass on `device` runs it ([`ReadyNorm::forward`]).
+    fn ready(&self, device: &Device) -> ReadyNorm<'_> {
+        match self {
+            Norm::Batch(bn) => ReadyNorm::Batch(BatchNormRun::new(bn, device)),
+            Norm::Instance(inn) => ReadyNorm::Instance(inn),
+            Norm::Layer(ln) => ReadyNorm::Layer(ln),
+        }
+    }
+}
+
+/// A [`Norm`] readied for one forward pass.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "two a layer, moved straight into the layer's norms: boxing would buy nothing"
+)]
+enum ReadyNorm<'a> {
+    Batch(BatchNormRun<'a>),
+    Instance(&'a InstanceNorm),
+    Layer(&'a LayerNorm),
+}
+
+impl<'a> ReadyNorm<'a> {
     /// Over `x + skip`, a block's output and its skip connection, the rows of B instances of
-    /// `nodes` nodes each. Its batch norms run through `batch_norms`.
+    /// `nodes` nodes each. A batch norm's training statistics go to `running_updates`.
     ///
     /// # Shapes
     /// - `x`, `skip`: `[B × N, d]` → `[B × N, d]`
-    pub(crate) fn forward<'a>(
-        &'a self,
+    fn forward(
+        self,
         x: Tensor<2>,
         skip: Tensor<2>,
         nodes: usize,
-        batch_norms: &mut BatchNorms<'a>,
+        running_updates: &mut RunningUpdates<'a>,
     ) -> Tensor<2> {
         match self {
             // Batch norm over every node of the batch: as rows the features already sit on
             // axis 1, and the output stays contiguous (a swapped view would be copied by
             // every later gather and reshape).
-            Norm::Batch(bn) => batch_norms.forward(bn, x, skip),
-            Norm::Instance(inn) => crate::normalization::instance_norm(inn, x, skip, nodes),
-            Norm::Layer(ln) => ln.forward(x + skip),
+            ReadyNorm::Batch(run) => run.forward(x, skip, running_updates),
+            ReadyNorm::Instance(inn) => crate::normalization::instance_norm(inn, x, skip, nodes),
+            ReadyNorm::Layer(ln) => ln.forward(x + skip),
         }
     }
 }

@@ -17,87 +17,82 @@
 //! flex runs it in plain Rust ([`kernel`]), CubeCL devices as a kernel each way
 //! (`crate::norm_kernel`), each norm of `x + skip`, the skip connection before it; batch
 //! norm only in training (with running statistics). Inference is a per-feature scale and
-//! shift, Burn's broadcast pass with its parameters reshaped ahead ([`BatchNorms`]).
+//! shift, Burn's broadcast pass with its parameters reshaped ahead ([`BatchNormRun`]).
 //! Elsewhere (ndarray) Burn's modules run, which the tests compare against.
-
-use std::collections::VecDeque;
 
 use burn::nn::{BatchNorm, InstanceNorm};
 use burn::tensor::{Device, Tensor};
 
-/// The batch norms of one forward pass through the encoder, in the order it runs them.
-///
-/// Both forms keep work on CubeCL from splitting into extra kernels (a reshape there ends
-/// a fused chain), and neither changes a number:
-/// - in training, each batch's statistics are folded into the running statistics after
-///   the last layer ([`Self::finish`]): the folds are then one fused kernel, not one a norm
-///   (6 launches for 3 layers);
-/// - in inference, the parameters and running statistics are reshaped to `[1, d]` before
-///   the first layer, so each norm's operations fuse with the additions before it (Burn's
-///   `batch_norm` reshapes them between: 6 more launches for 3 layers).
-pub(crate) struct BatchNorms<'a> {
-    device: Device,
-    inference_forms: VecDeque<InferenceForm<'a>>,
-    running_updates: Vec<RunningUpdate<'a>>,
+/// A batch norm as one forward pass runs it. Both fused forms keep work on CubeCL from
+/// splitting into extra kernels (a reshape there ends a fused chain), and neither changes
+/// a number:
+/// - in training, the fused norm, whose batch statistics are folded into the running
+///   statistics only at [`RunningUpdates::finish`], after the encoder's last layer: the
+///   folds are then one fused kernel, not one a norm (6 launches for 3 layers);
+/// - in inference, the parameters and running statistics reshaped to `[1, d]` when the
+///   run is made, which the encoder does at the start of the norm's layer, so that the
+///   norm's operations fuse with the additions before it (Burn's `batch_norm` reshapes
+///   them between: 6 more launches for 3 layers);
+/// - elsewhere (ndarray), Burn's.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "two a layer, moved straight into the layer's norms: boxing would buy nothing"
+)]
+pub(crate) enum BatchNormRun<'a> {
+    Training(&'a BatchNorm),
+    Inference(InferenceForm<'a>),
+    Burns(&'a BatchNorm),
 }
 
-impl<'a> BatchNorms<'a> {
-    /// For `norms`, in the order [`Self::forward`] will be called on them, on `device`.
-    pub(crate) fn new(norms: impl IntoIterator<Item = &'a BatchNorm>, device: &Device) -> Self {
-        let inference_forms = norms
-            .into_iter()
-            .filter(|norm| !in_training(norm, device))
-            .map(|norm| InferenceForm::new(norm, device))
-            .collect();
-        Self {
-            device: device.clone(),
-            inference_forms,
-            running_updates: Vec::new(),
+impl<'a> BatchNormRun<'a> {
+    /// How `norm` runs on `device`.
+    pub(crate) fn new(norm: &'a BatchNorm, device: &Device) -> Self {
+        match (in_training(norm, device), fused_on(device)) {
+            (false, _) => Self::Inference(InferenceForm::new(norm, device)),
+            (true, true) => Self::Training(norm),
+            (true, false) => Self::Burns(norm),
         }
     }
 
-    /// `norm` over the rows of `x + skip`, updating its running statistics in training as
-    /// Burn's does (at [`Self::finish`]).
+    /// The norm over the rows of `x + skip`, its running statistics updated in training as
+    /// Burn's does (at `updates`' [`RunningUpdates::finish`]).
     ///
     /// # Shapes
     /// - `x`, `skip`: `[R, d]` → `[R, d]`
     pub(crate) fn forward(
-        &mut self,
-        norm: &'a BatchNorm,
+        self,
         x: Tensor<2>,
         skip: Tensor<2>,
+        updates: &mut RunningUpdates<'a>,
     ) -> Tensor<2> {
-        if !in_training(norm, &self.device) {
-            let form = self.inference_forms.pop_front();
-            let form = form.expect("a batch norm run that `BatchNorms::new` was not given");
-            assert!(
-                std::ptr::eq(form.norm, norm),
-                "batch norms run out of order"
-            );
-            return form.apply(x + skip);
-        }
-        if !fused_on(&self.device) {
-            return norm.forward(x + skip);
-        }
+        let norm = match self {
+            Self::Inference(form) => return form.apply(x + skip),
+            Self::Burns(norm) => return norm.forward(x + skip),
+            Self::Training(norm) => norm,
+        };
         let [rows, d] = x.dims();
         let (gamma, beta) = (norm.gamma.val(), norm.beta.val());
         let (out, mean, variance) = fused([x, skip], gamma, beta, norm.epsilon, rows);
         // Reshaped here, ahead of the folds, which then fuse into one kernel.
         let [mean, variance] = [mean, variance].map(|batch| batch.reshape([d]));
-        let update = RunningUpdate {
+        updates.0.push(RunningUpdate {
             norm,
             mean,
             variance,
-        };
-        self.running_updates.push(update);
+        });
         out
     }
+}
 
-    /// Folds the training batches' statistics into the running statistics.
+/// The training batches' statistics of one forward pass's batch norms, not yet folded
+/// into their running statistics.
+#[derive(Default)]
+pub(crate) struct RunningUpdates<'a>(Vec<RunningUpdate<'a>>);
+
+impl RunningUpdates<'_> {
+    /// Folds the statistics into the running statistics.
     pub(crate) fn finish(self) {
-        self.running_updates
-            .into_iter()
-            .for_each(RunningUpdate::apply);
+        self.0.into_iter().for_each(RunningUpdate::apply);
     }
 }
 
@@ -107,7 +102,7 @@ fn in_training(norm: &BatchNorm, device: &Device) -> bool {
 
 /// A batch norm's inference form with its parameters and running statistics as `[1, d]`:
 /// the operations of Burn's default `batch_norm`, in its order.
-struct InferenceForm<'a> {
+pub(crate) struct InferenceForm<'a> {
     norm: &'a BatchNorm,
     /// Gamma, beta, the running mean and the running variance.
     rows: [Tensor<2>; 4],
@@ -775,9 +770,10 @@ mod tests {
             .require_grad();
         let skip = skip(rows, d, device);
         let out = if fused {
-            let mut norms = BatchNorms::new([&norm], device);
-            let out = norms.forward(&norm, x.clone(), skip.clone());
-            norms.finish();
+            let mut updates = RunningUpdates::default();
+            let out =
+                BatchNormRun::new(&norm, device).forward(x.clone(), skip.clone(), &mut updates);
+            updates.finish();
             out
         } else {
             norm.forward(x.clone() + skip.clone())
@@ -834,7 +830,8 @@ mod tests {
         let x = Tensor::<2>::from_data(TensorData::new(vec![1.0f32, 2.0, 3.0], [1, 3]), &device);
         // Running mean 0 and variance 1: the output is the input, up to epsilon.
         let skip = Tensor::zeros([1, 3], &device);
-        let out = BatchNorms::new([&norm], &device).forward(&norm, x, skip);
+        let run = BatchNormRun::new(&norm, &device);
+        let out = run.forward(x, skip, &mut RunningUpdates::default());
         for (a, r) in read(out).iter().zip([1.0, 2.0, 3.0]) {
             assert!((a - r).abs() < 1e-4, "{a} vs {r}");
         }
@@ -862,14 +859,19 @@ mod tests {
             .collect();
         let x = Tensor::<2>::from_data(TensorData::new(features(rows, d), [rows, d]), &device);
         let skip = x.clone() * 0.5;
-        let mut batch_norms = BatchNorms::new(&norms, &device);
+        // Made before the first norm runs, as the encoder makes a layer's two.
+        let runs: Vec<_> = norms
+            .iter()
+            .map(|n| BatchNormRun::new(n, &device))
+            .collect();
+        let mut updates = RunningUpdates::default();
         let mut ours = x.clone();
         let mut burns = x;
-        for norm in &norms {
-            ours = batch_norms.forward(norm, ours, skip.clone());
+        for (run, norm) in runs.into_iter().zip(&norms) {
+            ours = run.forward(ours, skip.clone(), &mut updates);
             burns = norm.forward(burns + skip.clone());
         }
-        batch_norms.finish();
+        updates.finish();
         assert_eq!(read(ours), read(burns));
     }
 
