@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::decoder_step::StepKernel;
 use crate::linear;
 use crate::matmul::MatmulPrecision;
+use crate::node_embedding;
 use crate::normalization::{BatchNormRun, RunningUpdates};
 use crate::self_attention;
 
@@ -95,20 +96,10 @@ impl GraphEncoder {
         p: MatmulPrecision,
     ) -> Tensor<3> {
         let [b, n, _] = coords.dims();
-        let depot = per_node(&self.depot_embedding, coords.clone().slice([0..b, 0..1]), p); // [B, 1, d]
-        let customer_features = Tensor::cat(
-            vec![
-                coords.slice([0..b, 1..n]),
-                demand_fraction.slice([0..b, 1..n]).unsqueeze_dim::<3>(2),
-            ],
-            2,
-        ); // [B, n, 3]
-        let customers = per_node(&self.customer_embedding, customer_features, p); // [B, n, d]
-        let h = Tensor::cat(vec![depot, customers], 1); // [B, N, d]
-        let [_, _, d] = h.dims();
         // The layers run on rows: on CubeCL a reshape ends a fused chain, and as rows each
         // product fuses with the bias and skip additions after it.
-        let mut rows = h.reshape([b * n, d]); // [B × N, d]
+        let mut rows = self.embed(coords, demand_fraction, p); // [B × N, d]
+        let [_, d] = rows.dims();
         let mut running_updates = RunningUpdates::default();
         for layer in &self.layers {
             rows = layer.forward(rows, n, p, &mut running_updates);
@@ -116,6 +107,52 @@ impl GraphEncoder {
         running_updates.finish();
         rows.reshape([b, n, d])
     }
+}
+
+impl GraphEncoder {
+    /// Every node's embedding as a row: one operation each way on CubeCL devices
+    /// ([`node_embedding`]), Burn's linear layers elsewhere.
+    ///
+    /// # Shapes
+    /// - `coords`: `[B, N, 2]` (depot first), `demand_fraction`: `[B, N]` → `[B × N, d]`
+    fn embed(
+        &self,
+        coords: Tensor<3>,
+        demand_fraction: Tensor<2>,
+        p: MatmulPrecision,
+    ) -> Tensor<2> {
+        let (depot, customer) = (&self.depot_embedding, &self.customer_embedding);
+        match node_embedding::fused_on(&coords.device(), depot, customer) {
+            true => node_embedding::embed(depot, customer, coords, demand_fraction),
+            false => embed_op_by_op(depot, customer, coords, demand_fraction, p),
+        }
+    }
+}
+
+/// [`GraphEncoder`]'s node embedding in Burn's operations, the products at `p`.
+///
+/// # Shapes
+/// - `coords`: `[B, N, 2]` (depot first), `demand_fraction`: `[B, N]` → `[B × N, d]`
+pub(crate) fn embed_op_by_op(
+    depot: &Linear,
+    customer: &Linear,
+    coords: Tensor<3>,
+    demand_fraction: Tensor<2>,
+    p: MatmulPrecision,
+) -> Tensor<2> {
+    let [b, n, _] = coords.dims();
+    let depot = per_node(depot, coords.clone().slice([0..b, 0..1]), p); // [B, 1, d]
+    let customer_features = Tensor::cat(
+        vec![
+            coords.slice([0..b, 1..n]),
+            demand_fraction.slice([0..b, 1..n]).unsqueeze_dim::<3>(2),
+        ],
+        2,
+    ); // [B, n, 3]
+    let customers = per_node(customer, customer_features, p); // [B, n, d]
+    let h = Tensor::cat(vec![depot, customers], 1); // [B, N, d]
+    let [_, _, d] = h.dims();
+    h.reshape([b * n, d])
 }
 
 #[derive(Module, Debug)]

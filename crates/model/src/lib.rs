@@ -18,6 +18,7 @@ pub mod launches;
 mod linear;
 mod mask_kernel;
 pub mod matmul;
+mod node_embedding;
 #[cfg(any(feature = "cuda", feature = "cpu"))]
 mod norm_kernel;
 mod normalization;
