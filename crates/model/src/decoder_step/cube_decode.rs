@@ -252,16 +252,21 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
     let nodes = node_count as usize;
     let (first, steps) = (first as usize, steps as usize);
     let width = first + steps;
-    let mut node = unit;
-    while node < nodes {
-        now_served[row * nodes + node] = start_served[row * nodes + node];
-        now_mask[row * nodes + node] = start_mask[row * nodes + node];
-        node += units;
-    }
+    copy_state(
+        start_node,
+        start_used,
+        start_served,
+        start_mask,
+        start_remaining,
+        now_node,
+        now_used,
+        now_served,
+        now_mask,
+        now_remaining,
+        row,
+        nodes,
+    );
     if unit == 0 {
-        now_node[row] = start_node[row];
-        now_used[row] = start_used[row];
-        now_remaining[row] = start_remaining[row];
         log_likelihood[row] = F::new(0.0);
         if first == 1 {
             actions[row * width] = start_node[row];
@@ -334,17 +339,22 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
             heads * padded_nodes,
         );
         sync_cube();
-        let mut node = unit;
-        while node < nodes {
-            now_served[row * nodes + node] = next_served[row * nodes + node];
-            now_mask[row * nodes + node] = next_mask[row * nodes + node];
-            node += units;
-        }
+        copy_state(
+            &*next_node,
+            &*next_used,
+            &*next_served,
+            &*next_mask,
+            &*next_remaining,
+            now_node,
+            now_used,
+            now_served,
+            now_mask,
+            now_remaining,
+            row,
+            nodes,
+        );
         if unit == 0 {
             let to = next_node[row];
-            now_node[row] = to;
-            now_used[row] = next_used[row];
-            now_remaining[row] = next_remaining[row];
             actions[row * width + first + t] = to;
             if keep_log_likelihood == 1u32 {
                 // In the float type and step order of the step-by-step decode's running sum.
@@ -352,5 +362,37 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
             }
         }
         sync_cube();
+    }
+}
+
+/// Row `row`'s state in the `from` tensors copied into the `to` tensors: its served flags
+/// and mask (`[R, N]`) by the cube's units, its node, load and remaining capacity fraction
+/// (`[R, 1]`) by the first unit.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn copy_state<F: Float, I: Int, M: Int>(
+    from_node: &Tensor<I>,
+    from_used: &Tensor<F>,
+    from_served: &Tensor<F>,
+    from_mask: &Tensor<M>,
+    from_remaining: &Tensor<F>,
+    to_node: &mut Tensor<I>,
+    to_used: &mut Tensor<F>,
+    to_served: &mut Tensor<F>,
+    to_mask: &mut Tensor<M>,
+    to_remaining: &mut Tensor<F>,
+    row: usize,
+    nodes: usize,
+) {
+    let mut node = UNIT_POS_X as usize;
+    while node < nodes {
+        to_served[row * nodes + node] = from_served[row * nodes + node];
+        to_mask[row * nodes + node] = from_mask[row * nodes + node];
+        node += CUBE_DIM_X as usize;
+    }
+    if UNIT_POS_X == 0 {
+        to_node[row] = from_node[row];
+        to_used[row] = from_used[row];
+        to_remaining[row] = from_remaining[row];
     }
 }
