@@ -256,8 +256,10 @@ impl AttentionModel {
         precision: MatmulPrecision,
     ) -> DecodeOutput {
         let n = problem.num_nodes() - 1;
-        let (coords, demand_fraction) = (problem.coords.clone(), problem.demand_fraction());
-        let node_embeddings = self.encoder.forward(coords, demand_fraction, precision); // [B, N, d]
+        let (demands, capacity) = (problem.demands.clone(), problem.capacity.clone());
+        let node_embeddings =
+            self.encoder
+                .forward(problem.coords.clone(), demands, capacity, precision); // [B, N, d]
         let pre = self.precompute_at(node_embeddings, options.rows_per_instance(n), precision);
         let temperature = options.temperature();
         let device = problem.coords.device();
@@ -423,8 +425,9 @@ impl AttentionModel {
     /// - output: `[B, N, d]`
     pub fn encode(&self, problem: &DeviceBatch) -> Tensor<3> {
         let precision = self.matmul_precision.on(&problem.coords.device());
-        let (coords, demand_fraction) = (problem.coords.clone(), problem.demand_fraction());
-        self.encoder.forward(coords, demand_fraction, precision)
+        let (demands, capacity) = (problem.demands.clone(), problem.capacity.clone());
+        self.encoder
+            .forward(problem.coords.clone(), demands, capacity, precision)
     }
 
     /// The decoder's per-batch work, done once before the first step, for `starts`

@@ -87,18 +87,19 @@ impl GraphEncoder {
     /// precision on this device, [`MatmulPrecision::on`]; the tests split them on the CPU).
     ///
     /// # Shapes
-    /// - `coords`: `[B, N, 2]` (depot first), `demand_fraction`: `[B, N]`
+    /// - `coords`: `[B, N, 2]` (depot first), `demands`: `[B, N]`, `capacity`: `[B, 1]`
     /// - output: `[B, N, d]` node embeddings
     pub fn forward(
         &self,
         coords: Tensor<3>,
-        demand_fraction: Tensor<2>,
+        demands: Tensor<2>,
+        capacity: Tensor<2>,
         p: MatmulPrecision,
     ) -> Tensor<3> {
         let [b, n, _] = coords.dims();
         // The layers run on rows: on CubeCL a reshape ends a fused chain, and as rows each
         // product fuses with the bias and skip additions after it.
-        let mut rows = self.embed(coords, demand_fraction, p); // [B × N, d]
+        let mut rows = self.embed(coords, [demands, capacity], p); // [B × N, d]
         let [_, d] = rows.dims();
         let mut running_updates = RunningUpdates::default();
         for layer in &self.layers {
@@ -114,17 +115,19 @@ impl GraphEncoder {
     /// ([`node_embedding`]), Burn's linear layers elsewhere.
     ///
     /// # Shapes
-    /// - `coords`: `[B, N, 2]` (depot first), `demand_fraction`: `[B, N]` → `[B × N, d]`
+    /// - `coords`: `[B, N, 2]` (depot first), `demands`: `[B, N]`, `capacity`: `[B, 1]` →
+    ///   `[B × N, d]`
     fn embed(
         &self,
         coords: Tensor<3>,
-        demand_fraction: Tensor<2>,
+        [demands, capacity]: [Tensor<2>; 2],
         p: MatmulPrecision,
     ) -> Tensor<2> {
         let (depot, customer) = (&self.depot_embedding, &self.customer_embedding);
         match node_embedding::fused_on(&coords.device(), depot, customer) {
-            true => node_embedding::embed(depot, customer, coords, demand_fraction),
-            false => embed_op_by_op(depot, customer, coords, demand_fraction, p),
+            true => node_embedding::embed(depot, customer, coords, [demands, capacity]),
+            // The demand fraction as `DeviceBatch::demand_fraction` makes it.
+            false => embed_op_by_op(depot, customer, coords, demands / capacity, p),
         }
     }
 }

@@ -24,15 +24,17 @@ pub(crate) fn fused_on(device: &Device, depot: &Linear, customer: &Linear) -> bo
 }
 
 /// Every node's embedding as a row: `depot` on the depot's [x, y], `customer` on each
-/// customer's [x, y, demand fraction]; call it only where [`fused_on`] holds.
+/// customer's [x, y, demand / capacity] (the fraction divided in the kernel, as a
+/// division of the tensors rounds it); call it only where [`fused_on`] holds.
 ///
 /// # Shapes
-/// - `coords`: `[B, N, 2]` (depot first), `demand_fraction`: `[B, N]` → `[B × N, d]`
+/// - `coords`: `[B, N, 2]` (depot first), `demands`: `[B, N]`, `capacity`: `[B, 1]` →
+///   `[B × N, d]`
 pub(crate) fn embed(
     depot: &Linear,
     customer: &Linear,
     coords: Tensor<3>,
-    demand_fraction: Tensor<2>,
+    [demands, capacity]: [Tensor<2>; 2],
 ) -> Tensor<2> {
     #[cfg(any(feature = "cuda", feature = "cpu"))]
     {
@@ -43,7 +45,8 @@ pub(crate) fn embed(
         };
         let out = <Dispatch as extension::NodeEmbeddingBackend>::embed_nodes(
             coords.into_dispatch(),
-            demand_fraction.into_dispatch(),
+            demands.into_dispatch(),
+            capacity.into_dispatch(),
             depot.weight.val().into_dispatch(),
             bias(depot),
             customer.weight.val().into_dispatch(),
@@ -53,7 +56,7 @@ pub(crate) fn embed(
     }
     #[cfg(not(any(feature = "cuda", feature = "cpu")))]
     {
-        let _ = (depot, customer, coords, demand_fraction);
+        let _ = (depot, customer, coords, demands, capacity);
         unreachable!("no CubeCL backend is compiled in; check `fused_on` first")
     }
 }
@@ -71,7 +74,8 @@ mod extension {
     /// The rows `[B × N, d]` for Fusion.
     fn embed_metadata(
         coords: &TensorSpec,
-        _demand_fraction: &TensorSpec,
+        _demands: &TensorSpec,
+        _capacity: &TensorSpec,
         depot_weight: &TensorSpec,
         _depot_bias: &TensorSpec,
         _customer_weight: &TensorSpec,
@@ -85,7 +89,8 @@ mod extension {
     /// The four parameters' gradients, each its parameter's shape.
     fn grads_metadata(
         _coords: &TensorSpec,
-        _demand_fraction: &TensorSpec,
+        _demands: &TensorSpec,
+        _capacity: &TensorSpec,
         depot_weight: &TensorSpec,
         customer_weight: &TensorSpec,
         _grad_out: &TensorSpec,
@@ -111,7 +116,8 @@ mod extension {
         #[fusion(meta = embed_metadata)]
         fn embed_nodes(
             coords: FloatTensor<Self>,
-            demand_fraction: FloatTensor<Self>,
+            demands: FloatTensor<Self>,
+            capacity: FloatTensor<Self>,
             depot_weight: FloatTensor<Self>,
             depot_bias: FloatTensor<Self>,
             customer_weight: FloatTensor<Self>,
@@ -128,7 +134,8 @@ mod extension {
         #[fusion(meta = grads_metadata)]
         fn embed_nodes_grads(
             coords: FloatTensor<Self>,
-            demand_fraction: FloatTensor<Self>,
+            demands: FloatTensor<Self>,
+            capacity: FloatTensor<Self>,
             depot_weight: FloatTensor<Self>,
             customer_weight: FloatTensor<Self>,
             grad_out: FloatTensor<Self>,
@@ -143,7 +150,8 @@ mod extension {
     impl NodeEmbeddingBackend for CubeBackend {
         fn embed_nodes(
             coords: FloatTensor<Self>,
-            demand_fraction: FloatTensor<Self>,
+            demands: FloatTensor<Self>,
+            capacity: FloatTensor<Self>,
             depot_weight: FloatTensor<Self>,
             depot_bias: FloatTensor<Self>,
             customer_weight: FloatTensor<Self>,
@@ -151,7 +159,8 @@ mod extension {
         ) -> FloatTensor<Self> {
             kernel::forward([
                 coords,
-                demand_fraction,
+                demands,
+                capacity,
                 depot_weight,
                 depot_bias,
                 customer_weight,
@@ -163,7 +172,8 @@ mod extension {
     impl NodeEmbeddingGradsBackend for CubeBackend {
         fn embed_nodes_grads(
             coords: FloatTensor<Self>,
-            demand_fraction: FloatTensor<Self>,
+            demands: FloatTensor<Self>,
+            capacity: FloatTensor<Self>,
             depot_weight: FloatTensor<Self>,
             _customer_weight: FloatTensor<Self>,
             grad_out: FloatTensor<Self>,
@@ -174,7 +184,7 @@ mod extension {
             FloatTensor<Self>,
         ) {
             let [_, d] = depot_weight.meta.shape().dims::<2>();
-            let [dw, db, cw, cb] = kernel::backward([coords, demand_fraction, grad_out], d);
+            let [dw, db, cw, cb] = kernel::backward([coords, demands, capacity, grad_out], d);
             (dw, db, cw, cb)
         }
     }
@@ -195,27 +205,28 @@ mod extension {
         #[derive(Debug)]
         struct CubeEmbeddingBackward;
 
-        impl Backward<Cube, 6> for CubeEmbeddingBackward {
-            /// The coordinates, the demand fractions and the two weights.
-            type State = [FloatTensor<Cube>; 4];
+        impl Backward<Cube, 7> for CubeEmbeddingBackward {
+            /// The coordinates, the demands, the capacities and the two weights.
+            type State = [FloatTensor<Cube>; 5];
 
             fn backward(
                 self,
-                ops: Ops<Self::State, 6>,
+                ops: Ops<Self::State, 7>,
                 grads: &mut Gradients,
                 _: &mut Checkpointer,
             ) {
-                let [coords, demand_fraction, depot_weight, customer_weight] = ops.state;
+                let [coords, demands, capacity, depot_weight, customer_weight] = ops.state;
                 let grad_out = grads.consume::<Cube>(&ops.node);
                 let (dw, db, cw, cb) = Cube::embed_nodes_grads(
                     coords,
-                    demand_fraction,
+                    demands,
+                    capacity,
                     depot_weight,
                     customer_weight,
                     grad_out,
                 );
                 // The coordinates and demands are data: no gradient of theirs is read.
-                let [_, _, dw_node, db_node, cw_node, cb_node] = ops.parents;
+                let [_, _, _, dw_node, db_node, cw_node, cb_node] = ops.parents;
                 for (node, grad) in [(dw_node, dw), (db_node, db), (cw_node, cw), (cb_node, cb)] {
                     if let Some(node) = node {
                         grads.register::<Cube>(node.id, grad);
@@ -227,7 +238,8 @@ mod extension {
         impl<C: CheckpointStrategy> NodeEmbeddingBackend for Autodiff<Cube, C> {
             fn embed_nodes(
                 coords: FloatTensor<Self>,
-                demand_fraction: FloatTensor<Self>,
+                demands: FloatTensor<Self>,
+                capacity: FloatTensor<Self>,
                 depot_weight: FloatTensor<Self>,
                 depot_bias: FloatTensor<Self>,
                 customer_weight: FloatTensor<Self>,
@@ -235,24 +247,26 @@ mod extension {
             ) -> FloatTensor<Self> {
                 let nodes = [
                     coords.node(),
-                    demand_fraction.node(),
+                    demands.node(),
+                    capacity.node(),
                     depot_weight.node(),
                     depot_bias.node(),
                     customer_weight.node(),
                     customer_bias.node(),
                 ];
-                let [coords, demand_fraction, depot_weight, customer_weight] =
-                    [coords, demand_fraction, depot_weight, customer_weight]
+                let [coords, demands, capacity, depot_weight, customer_weight] =
+                    [coords, demands, capacity, depot_weight, customer_weight]
                         .map(|t| t.into_primitive());
                 let out = Cube::embed_nodes(
                     coords.clone(),
-                    demand_fraction.clone(),
+                    demands.clone(),
+                    capacity.clone(),
                     depot_weight.clone(),
                     depot_bias.into_primitive(),
                     customer_weight.clone(),
                     customer_bias.into_primitive(),
                 );
-                let state = [coords, demand_fraction, depot_weight, customer_weight];
+                let state = [coords, demands, capacity, depot_weight, customer_weight];
                 match CubeEmbeddingBackward
                     .prepare::<C>(nodes)
                     .compute_bound()
@@ -297,10 +311,10 @@ mod kernel {
     }
 
     /// # Shapes
-    /// - `coords`: `[B, N, 2]`, `demand_fraction`: `[B, N]`, weights `[2, d]` and `[3, d]`,
-    ///   biases `[d]` → `[B × N, d]`
-    pub(super) fn forward(inputs: [CubeTensor; 6]) -> CubeTensor {
-        let [coords, fraction, depot_weight, depot_bias, customer_weight, customer_bias] =
+    /// - `coords`: `[B, N, 2]`, `demands`: `[B, N]`, `capacity`: `[B, 1]`, weights `[2, d]`
+    ///   and `[3, d]`, biases `[d]` → `[B × N, d]`
+    pub(super) fn forward(inputs: [CubeTensor; 7]) -> CubeTensor {
+        let [coords, demands, capacity, depot_weight, depot_bias, customer_weight, customer_bias] =
             inputs.map(into_contiguous);
         let [b, n, _] = coords.meta.shape().dims::<3>();
         let [_, d] = depot_weight.meta.shape().dims::<2>();
@@ -315,7 +329,8 @@ mod kernel {
             CubeCount::Static(elements.div_ceil(units).max(1), 1, 1),
             CubeDim::new_1d(units),
             coords.into_tensor_arg(),
-            fraction.into_tensor_arg(),
+            demands.into_tensor_arg(),
+            capacity.into_tensor_arg(),
             depot_weight.into_tensor_arg(),
             depot_bias.into_tensor_arg(),
             customer_weight.into_tensor_arg(),
@@ -333,9 +348,10 @@ mod kernel {
     /// bias `[d]` gradients.
     ///
     /// # Shapes
-    /// - `coords`: `[B, N, 2]`, `demand_fraction`: `[B, N]`, `grad_out`: `[B × N, d]`
-    pub(super) fn backward(inputs: [CubeTensor; 3], d: usize) -> [CubeTensor; 4] {
-        let [coords, fraction, grad_out] = inputs.map(into_contiguous);
+    /// - `coords`: `[B, N, 2]`, `demands`: `[B, N]`, `capacity`: `[B, 1]`, `grad_out`:
+    ///   `[B × N, d]`
+    pub(super) fn backward(inputs: [CubeTensor; 4], d: usize) -> [CubeTensor; 4] {
+        let [coords, demands, capacity, grad_out] = inputs.map(into_contiguous);
         let [b, n, _] = coords.meta.shape().dims::<3>();
         let depot_weight = empty(&grad_out, Shape::new([2, d]));
         let depot_bias = empty(&grad_out, Shape::new([d]));
@@ -348,7 +364,8 @@ mod kernel {
             CubeCount::Static(d as u32, 1, 1),
             cube_dim(&client, units),
             coords.into_tensor_arg(),
-            fraction.into_tensor_arg(),
+            demands.into_tensor_arg(),
+            capacity.into_tensor_arg(),
             grad_out.clone().into_tensor_arg(),
             depot_weight.clone().into_tensor_arg(),
             depot_bias.clone().into_tensor_arg(),
@@ -369,7 +386,8 @@ mod kernel {
     #[allow(clippy::too_many_arguments)]
     fn embed_kernel<F: Float>(
         coords: &Tensor<F>,
-        fraction: &Tensor<F>,
+        demands: &Tensor<F>,
+        capacity: &Tensor<F>,
         depot_weight: &Tensor<F>,
         depot_bias: &Tensor<F>,
         customer_weight: &Tensor<F>,
@@ -391,7 +409,8 @@ mod kernel {
                 out[at as usize] = value + depot_bias[j];
             } else {
                 let value = fma(y, customer_weight[d + j], x * customer_weight[j]);
-                let value = fma(fraction[row], customer_weight[2 * d + j], value);
+                let fraction = demands[row] / capacity[row / nodes as usize];
+                let value = fma(fraction, customer_weight[2 * d + j], value);
                 out[at as usize] = value + customer_bias[j];
             }
         }
@@ -404,7 +423,8 @@ mod kernel {
     #[allow(clippy::too_many_arguments)]
     fn embed_grads_kernel<F: Float>(
         coords: &Tensor<F>,
-        fraction: &Tensor<F>,
+        demands: &Tensor<F>,
+        capacity: &Tensor<F>,
         grad_out: &Tensor<F>,
         depot_weight: &mut Tensor<F>,
         depot_bias: &mut Tensor<F>,
@@ -436,7 +456,8 @@ mod kernel {
             } else {
                 customer_x += x * g;
                 customer_y += y * g;
-                customer_fraction += f32::cast_from(fraction[row]) * g;
+                let fraction = demands[row] / capacity[row / nodes as usize];
+                customer_fraction += f32::cast_from(fraction) * g;
                 customer_one += g;
             }
             row += units;
@@ -508,14 +529,20 @@ mod tests {
             let data =
                 |len: usize, seed: u64| TensorData::new(pseudo_random(len, seed, 1.0), [len]);
             let coords = Tensor::<1>::from_data(data(b * n * 2, 3), &device).reshape([b, n, 2]);
-            let fraction = Tensor::<1>::from_data(data(b * n, 4), &device).reshape([b, n]);
+            let demands = Tensor::<1>::from_data(data(b * n, 4), &device).reshape([b, n]);
+            let capacity = Tensor::<1>::from_data(data(b, 6), &device).reshape([b, 1]) + 2.0;
             let upstream = Tensor::<1>::from_data(data(b * n * d, 5), &device).reshape([b * n, d]);
-            let ours = embed(&depot, &customer, coords.clone(), fraction.clone());
+            let ours = embed(
+                &depot,
+                &customer,
+                coords.clone(),
+                [demands.clone(), capacity.clone()],
+            );
             let reference = crate::encoder::embed_op_by_op(
                 &depot,
                 &customer,
                 coords,
-                fraction,
+                demands / capacity,
                 MatmulPrecision::High,
             );
             assert_close("rows", read(ours.clone()), read(reference.clone()));
