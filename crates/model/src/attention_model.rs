@@ -21,7 +21,7 @@ use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::backend::{runs_through_cubecl, steps_from_context, trains_through_cubecl};
 use crate::decode::{
-    cat_columns, rollout, sampling_noise, start_state, DecodeOptions, DecodeOutput, Policy,
+    cat_columns, repeat_rows, rollout, sampling_noise, DecodeOptions, DecodeOutput, Policy,
 };
 use crate::decoder_step::{
     fused_decode, fused_on, fused_step, fused_step_from_context, keys_by_feature, DecodeSpan,
@@ -31,7 +31,7 @@ use crate::encoder::{per_node, GraphEncoder, GraphEncoderConfig};
 use crate::linear::matmul_rows;
 use crate::matmul::{product, MatmulPrecision};
 use crate::problem::{max_decode_steps, DeviceBatch};
-use crate::state::{CvrpState, LoadArithmetic};
+use crate::state::{CvrpState, LoadArithmetic, Loads};
 
 #[derive(Config, Debug)]
 pub struct AttentionModelConfig {
@@ -344,11 +344,18 @@ impl AttentionModel {
         if !steps_from_context(&pre.last_node_context.device()) {
             return None;
         }
-        let (state, forced) = start_state(problem, options, self.load_arithmetic);
-        let first = usize::from(forced.is_some());
+        let n = problem.num_nodes() - 1;
+        let starts = options.rows_per_instance(n);
+        let loads = Loads::new(
+            repeat_rows(problem.demands.clone(), starts),
+            repeat_rows(problem.capacity.clone(), starts),
+            self.load_arithmetic,
+        );
+        // POMO's forced first step is the kernel's own.
+        let first = usize::from(options.multi_start);
         let span = DecodeSpan {
             first,
-            steps: max_decode_steps(problem.num_nodes() - 1) - first,
+            steps: max_decode_steps(n) - first,
             log_likelihood: options.log_likelihood,
             record_seen,
         };
@@ -360,7 +367,7 @@ impl AttentionModel {
         let decoded = fused_decode(
             context,
             by_feature,
-            state.kernel_decode_start()?,
+            loads,
             sampling_noise(problem, options),
             span,
             self.num_heads,

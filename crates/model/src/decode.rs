@@ -195,7 +195,7 @@ pub(crate) fn rollout(
 /// the decode is multi-start, the `[R, 1]` first step it has already taken: POMO's row
 /// (instance i, start s) begins with customer s + 1. That move has no probability of its
 /// own, so it adds nothing to the log-likelihood.
-pub(crate) fn start_state(
+fn start_state(
     problem: &DeviceBatch,
     options: &DecodeOptions,
     arithmetic: LoadArithmetic,

@@ -98,34 +98,36 @@ pub(crate) struct KernelStep {
     pub remaining: Tensor<2>,
 }
 
-/// What the state kernel's step reads of the state, for an operation that chooses and
-/// steps as it does but in a kernel of its own (the whole decode in one kernel,
-/// [`KernelDecodeStart`]): the demands `[R, N]`, capacity and load `[R, 1]`, the served
-/// flags `[R, N]` and the capacity check's tolerance.
-#[cfg_attr(
-    not(any(feature = "cuda", feature = "cpu")),
-    allow(dead_code, reason = "read only where a CubeCL backend is compiled in")
-)]
-pub(crate) struct KernelStepInputs {
+/// What a state compares its loads with: the demands `[B, N]` and capacity `[B, 1]`, in
+/// the form `arithmetic` asks ([`LoadArithmetic`]), outside autodiff, and the slack of the
+/// comparison. A whole decode in one kernel (`crate::decoder_step::fused_decode`) starts
+/// from these alone.
+#[derive(Debug, Clone)]
+pub(crate) struct Loads {
     pub demands: Tensor<2>,
     pub capacity: Tensor<2>,
-    pub used: Tensor<2>,
-    pub served: Tensor<2>,
     pub tolerance: f32,
 }
 
-/// The state a whole decode in one kernel starts from (`crate::decoder_step::fused_decode`):
-/// the `[R, 1]` node the vehicle stands at, the `[R, N]` mask and `[R, 1]` remaining
-/// capacity fraction, and what the state's step reads.
-#[cfg_attr(
-    not(any(feature = "cuda", feature = "cpu")),
-    allow(dead_code, reason = "read only where a CubeCL backend is compiled in")
-)]
-pub(crate) struct KernelDecodeStart {
-    pub last_node: Tensor<2, Int>,
-    pub mask: Tensor<2, Bool>,
-    pub remaining: Tensor<2>,
-    pub step: KernelStepInputs,
+impl Loads {
+    pub(crate) fn new(demands: Tensor<2>, capacity: Tensor<2>, arithmetic: LoadArithmetic) -> Self {
+        // The state carries no gradient: outside autodiff, its operations skip the autodiff
+        // layer's bookkeeping, and the model's differentiable operations read them as
+        // constants.
+        let (demands, capacity) = (demands.without_autodiff(), capacity.without_autodiff());
+        match arithmetic {
+            LoadArithmetic::Exact => Self {
+                demands,
+                capacity,
+                tolerance: CAPACITY_TOLERANCE,
+            },
+            LoadArithmetic::Float32 => Self {
+                demands: demands / capacity.clone(), // [B, N], correctly rounded
+                capacity: capacity.ones_like(),
+                tolerance: 0.0,
+            },
+        }
+    }
 }
 
 /// Where the state kernel moves each row.
@@ -176,18 +178,12 @@ impl CvrpState {
         fusable: bool,
     ) -> Self {
         let [b, n] = demands.dims();
-        // The state carries no gradient: outside autodiff, its operations skip the autodiff
-        // layer's bookkeeping, and the model's differentiable operations read them as
-        // constants.
-        let (demands, capacity) = (demands.without_autodiff(), capacity.without_autodiff());
+        let Loads {
+            demands,
+            capacity,
+            tolerance,
+        } = Loads::new(demands, capacity, arithmetic);
         let device = demands.device();
-        let (demands, capacity, tolerance) = match arithmetic {
-            LoadArithmetic::Exact => (demands, capacity, CAPACITY_TOLERANCE),
-            LoadArithmetic::Float32 => {
-                let fractions = demands / capacity.clone(); // [B, N], correctly rounded
-                (fractions, capacity.ones_like(), 0.0)
-            }
-        };
         let (used_capacity, last_node) = (
             Tensor::zeros([b, 1], &device),
             Tensor::zeros([b, 1], &device),
@@ -340,24 +336,6 @@ impl CvrpState {
         noise: Option<(Tensor<2>, usize)>,
     ) -> Option<Tensor<2, Int>> {
         self.move_by_kernel(KernelMove::Choose { log_p, noise })
-    }
-
-    /// Where the state has the state kernel (CubeCL devices), the state a whole decode in one
-    /// kernel starts from; `None` elsewhere.
-    pub(crate) fn kernel_decode_start(&self) -> Option<KernelDecodeStart> {
-        let last = self.kernel_step()?;
-        Some(KernelDecodeStart {
-            last_node: self.last_node.clone(),
-            mask: last.mask.clone(),
-            remaining: last.remaining.clone(),
-            step: KernelStepInputs {
-                demands: self.demands.clone(),
-                capacity: self.capacity.clone(),
-                used: self.used_capacity.clone(),
-                served: last.served.clone(),
-                tolerance: self.tolerance,
-            },
-        })
     }
 
     /// Runs the state kernel's step where the state has one (CubeCL devices): the `[R, 1]`

@@ -582,7 +582,6 @@ pub(crate) fn choose_and_step_in_cube<F: Float, I: Int, M: Int>(
     tolerance: f32,
     #[comptime] room: usize,
 ) {
-    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
     // The choice, and whether a customer is left open after the step.
     let mut chosen = Shared::new_slice(2usize);
     if sample == 1u32 {
@@ -600,8 +599,48 @@ pub(crate) fn choose_and_step_in_cube<F: Float, I: Int, M: Int>(
         argmax_in_cube(log_p, scratch, nodes, room, &mut chosen);
     }
     sync_cube();
-
     let to = usize::cast_from(chosen[0]);
+    step_in_cube(
+        to,
+        row,
+        nodes,
+        demands,
+        capacity,
+        used,
+        served,
+        action_out,
+        used_out,
+        served_out,
+        mask_out,
+        remaining_out,
+        tolerance,
+        &mut chosen,
+    );
+}
+
+/// [`step_row`] to `to` for a cube's row by all its units, `to` written to `action_out`:
+/// `flags[1]`, which must read 0 when the units get here (cleared before a barrier), then
+/// says whether a customer is left open. Ends with the depot's mask entry written by the
+/// first unit after a barrier.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn step_in_cube<F: Float, I: Int, M: Int>(
+    to: usize,
+    row: usize,
+    nodes: usize,
+    demands: &Tensor<F>,
+    capacity: &Tensor<F>,
+    used: &Tensor<F>,
+    served: &Tensor<F>,
+    action_out: &mut Tensor<I>,
+    used_out: &mut Tensor<F>,
+    served_out: &mut Tensor<F>,
+    mask_out: &mut Tensor<M>,
+    remaining_out: &mut Tensor<F>,
+    tolerance: f32,
+    flags: &mut Shared<[f32]>,
+) {
+    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
     let first = row * nodes;
     let load = load_after(to, row, nodes, demands, used);
     if unit == 0 {
@@ -616,13 +655,13 @@ pub(crate) fn choose_and_step_in_cube<F: Float, I: Int, M: Int>(
         );
         if open > 0u32 {
             // Every unit that writes writes 1.
-            chosen[1] = f32::new(1.0);
+            flags[1] = f32::new(1.0);
         }
         node += units;
     }
     sync_cube();
     if unit == 0 {
-        write_depot_flag(to, first, chosen[1] > f32::new(0.5), mask_out);
+        write_depot_flag(to, first, flags[1] > f32::new(0.5), mask_out);
     }
 }
 

@@ -24,23 +24,19 @@ use burn_cubecl::tensor::CubeTensor;
 
 use super::cube_kernel::{cube_dim, fits, query_from_context, step_row, UNITS};
 use super::DecodeSpan;
-use crate::state_kernel::choose_and_step_in_cube;
+use crate::state_kernel::{choose_and_step_in_cube, step_in_cube};
 
-/// The state a decode starts from (`[R, 1]` node, load and remaining capacity fraction,
-/// `[R, N]` served flags and mask), what the state's step reads (`demands` `[R, N]`,
-/// `capacity` `[R, 1]`, the tolerance) and the noise `[R, T]` a sampled decode reads
-/// column by column.
+/// What a decode's state steps read (`demands` `[R, N]`, `capacity` `[R, 1]`, the
+/// tolerance; as `crate::state::Loads`), the noise `[R, T]` a sampled decode reads column
+/// by column, and tensors of the int and bool types the actions and masks take.
 pub(crate) struct DecodeStart {
-    pub last_node: CubeTensor,
-    pub used: CubeTensor,
-    pub served: CubeTensor,
-    pub mask: CubeTensor,
-    pub remaining: CubeTensor,
     pub demands: CubeTensor,
     pub capacity: CubeTensor,
+    pub tolerance: f32,
     pub noise: CubeTensor,
     pub sample: bool,
-    pub tolerance: f32,
+    pub int_like: CubeTensor,
+    pub bool_like: CubeTensor,
 }
 
 /// The shapes of [`decode`]'s five outputs for `rows` rows of `nodes` nodes: the actions
@@ -83,30 +79,27 @@ pub(crate) fn decode(
         last_node_context,
         capacity_context,
         by_feature,
-        start.used,
-        start.served,
-        start.remaining,
         start.demands,
         start.capacity,
         start.noise,
     ]
     .map(into_contiguous);
-    let [fixed_context, last_node_context, capacity_context, by_feature, used, served, remaining, demands, capacity, noise] =
+    let [fixed_context, last_node_context, capacity_context, by_feature, demands, capacity, noise] =
         contiguous;
-    let (last_node, mask) = (
-        into_contiguous(start.last_node),
-        into_contiguous(start.mask),
-    );
     let [b, nodes, d] = last_node_context.meta.shape().dims::<3>();
-    let rows = mask.meta.shape().dims::<2>()[0];
+    let rows = demands.meta.shape().dims::<2>()[0];
     let padded_nodes = by_feature.meta.shape().dims::<3>()[2];
     assert!(
         fits(nodes, heads, d, false) && d % heads == 0,
         "the CubeCL decoder step's shared memory does not hold {nodes} nodes"
     );
-    let (float, int, boolean) = (last_node_context.dtype, last_node.dtype, mask.dtype);
+    let (float, int, boolean) = (
+        last_node_context.dtype,
+        start.int_like.dtype,
+        start.bool_like.dtype,
+    );
     let empty = |shape: Shape, dtype| {
-        let (client, device) = (mask.client.clone(), mask.device.clone());
+        let (client, device) = (demands.client.clone(), demands.device.clone());
         empty_device_contiguous_dtype(client, device, shape, dtype)
     };
     // Working tensors: the step's query `[B, S, d]` and log-probabilities, and the state's
@@ -135,7 +128,7 @@ pub(crate) fn decode(
     let seen_remaining = empty(seen_remaining, float);
     let seen_rows = empty(seen_rows, int);
     let noise_width = noise.meta.shape()[1] as u32;
-    let client = mask.client.clone();
+    let client = demands.client.clone();
     decode_kernel::launch(
         &client,
         CubeCount::Static(rows as u32, 1, 1),
@@ -147,11 +140,6 @@ pub(crate) fn decode(
         noise.into_tensor_arg(),
         demands.into_tensor_arg(),
         capacity.into_tensor_arg(),
-        last_node.into_tensor_arg(),
-        used.into_tensor_arg(),
-        served.into_tensor_arg(),
-        mask.into_tensor_arg(),
-        remaining.into_tensor_arg(),
         query.into_tensor_arg(),
         log_p.into_tensor_arg(),
         now_node.into_tensor_arg(),
@@ -194,8 +182,9 @@ pub(crate) fn decode(
     ]
 }
 
-/// Row `CUBE_POS_X`'s whole decode: the start state copied into the current set, then at
-/// each step the query from the context ([`query_from_context`]), the step
+/// Row `CUBE_POS_X`'s whole decode: the start state made in the current set (each vehicle
+/// stepped to the depot from an empty route, then with `first` = 1 to customer s + 1,
+/// rollout s of its instance: POMO's forced first step), then at each step the query from the context ([`query_from_context`]), the step
 /// ([`step_row`]), the choice and the state's step into the next set
 /// (`choose_and_step_in_cube`, noise column `first + t`), and the next set copied back,
 /// with the action (and the chosen log-probability, where asked) recorded.
@@ -209,11 +198,6 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
     noise: &Tensor<F>,
     demands: &Tensor<F>,
     capacity: &Tensor<F>,
-    start_node: &Tensor<I>,
-    start_used: &Tensor<F>,
-    start_served: &Tensor<F>,
-    start_mask: &Tensor<M>,
-    start_remaining: &Tensor<F>,
     query: &mut Tensor<F>,
     log_p: &mut Tensor<F>,
     now_node: &mut Tensor<I>,
@@ -252,25 +236,60 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
     let nodes = node_count as usize;
     let (first, steps) = (first as usize, steps as usize);
     let width = first + steps;
-    copy_state(
-        start_node,
-        start_used,
-        start_served,
-        start_mask,
-        start_remaining,
-        now_node,
-        now_used,
-        now_served,
-        now_mask,
-        now_remaining,
-        row,
-        nodes,
-    );
+    let mut flags = Shared::new_slice(2usize);
+    // Every vehicle at the depot with an empty route, stepped to the depot: the state
+    // kernel's first step.
+    let mut node = unit;
+    while node < nodes {
+        now_served[row * nodes + node] = F::new(0.0);
+        node += units;
+    }
     if unit == 0 {
+        now_used[row] = F::new(0.0);
         log_likelihood[row] = F::new(0.0);
-        if first == 1 {
-            actions[row * width] = start_node[row];
+    }
+    // POMO's row (instance i, start s) begins with customer s + 1.
+    let start = row % starts as usize + 1;
+    for k in 0..first + 1 {
+        let to = k * start;
+        if unit == 0 {
+            flags[1] = f32::new(0.0);
         }
+        sync_cube();
+        step_in_cube(
+            to,
+            row,
+            nodes,
+            demands,
+            capacity,
+            &*now_used,
+            &*now_served,
+            next_node,
+            next_used,
+            next_served,
+            next_mask,
+            next_remaining,
+            tolerance,
+            &mut flags,
+        );
+        sync_cube();
+        copy_state(
+            &*next_node,
+            &*next_used,
+            &*next_served,
+            &*next_mask,
+            &*next_remaining,
+            now_node,
+            now_used,
+            now_served,
+            now_mask,
+            now_remaining,
+            row,
+            nodes,
+        );
+    }
+    if unit == 0 && first == 1 {
+        actions[row * width] = I::cast_from(start);
     }
     sync_cube();
 

@@ -196,16 +196,17 @@ pub(crate) struct WholeDecode {
     pub seen: Option<SeenSteps>,
 }
 
-/// A whole decode without gradients as one kernel: at every step of `span`,
-/// [`fused_step_from_context`]'s step, then the state kernel's choice and step
-/// (`CvrpState::choose_and_step`), from `start`, the state the state kernel keeps (the
-/// noise `[R, T]` read at the step's column where the decode samples). The same tours and
-/// log-likelihoods as those steps two launches each; call it only where
-/// `crate::backend::steps_from_context` holds.
+/// A whole decode without gradients as one kernel: from the state kernel's start (each
+/// row's step to the depot from an empty route, then with `span.first` = 1 POMO's forced
+/// step to customer s + 1), at every step of `span` [`fused_step_from_context`]'s step,
+/// then the state kernel's choice and step (`CvrpState::choose_and_step`), comparing loads
+/// as `loads` says (the noise `[R, T]` read at the step's column where the decode
+/// samples). The same tours and log-likelihoods as those steps two launches each; call it
+/// only where `crate::backend::steps_from_context` holds.
 pub(crate) fn fused_decode(
     [fixed_context, last_node_context, capacity_context]: [Tensor<3>; 3],
     by_feature: Tensor<3>,
-    start: crate::state::KernelDecodeStart,
+    loads: crate::state::Loads,
     noise: Option<Tensor<2>>,
     span: DecodeSpan,
     heads: usize,
@@ -215,27 +216,27 @@ pub(crate) fn fused_decode(
     {
         use burn::backend::Dispatch;
         let sample = noise.is_some();
-        let state = start.step;
         // Greedy reads no noise: any float tensor stands in.
-        let noise = noise.unwrap_or_else(|| state.used.clone());
+        let noise = noise.unwrap_or_else(|| loads.capacity.clone());
+        // The actions' and masks' types (allocations nothing reads).
+        let device = loads.demands.device();
+        let int_like = Tensor::<2, burn::tensor::Int>::empty([1, 1], &device);
+        let bool_like = Tensor::<2, Bool>::empty([1, 1], &device);
         let (actions, log_likelihood, seen_mask, seen_remaining, seen_rows) =
             <Dispatch as DecoderStepFromContextBackend>::decode_from_context(
                 fixed_context.into_dispatch(),
                 last_node_context.into_dispatch(),
                 capacity_context.into_dispatch(),
                 by_feature.into_dispatch(),
-                start.last_node.into_dispatch(),
-                state.used.into_dispatch(),
-                state.served.into_dispatch(),
-                start.mask.into_dispatch(),
-                start.remaining.into_dispatch(),
-                state.demands.into_dispatch(),
-                state.capacity.into_dispatch(),
+                loads.demands.into_dispatch(),
+                loads.capacity.into_dispatch(),
                 noise.without_autodiff().into_dispatch(),
+                int_like.into_dispatch(),
+                bool_like.into_dispatch(),
                 heads,
                 tanh_clipping as f32,
                 temperature as f32,
-                state.tolerance,
+                loads.tolerance,
                 sample,
                 span.first,
                 span.steps,
@@ -260,7 +261,7 @@ pub(crate) fn fused_decode(
             capacity_context,
             by_feature,
         );
-        let _ = (start, noise, span, heads, tanh_clipping, temperature);
+        let _ = (loads, noise, span, heads, tanh_clipping, temperature);
         unreachable!("no CubeCL backend is compiled in; check `steps_from_context` first")
     }
 }
@@ -364,10 +365,12 @@ mod cube_impl {
         ) -> FloatTensor<Self>;
 
         /// A whole decode without gradients in one kernel (`cube_decode::decode`): from the
-        /// state `last_node`, `used`, `served`, `mask`, `remaining` (as the state kernel
-        /// keeps them), steps `first..first + steps`, each the decoder step from its
-        /// context, the choice (with `sample`, at the noise's column of the step) and the
-        /// state's step. Returns the actions `[B × S, first + steps]`, the log-likelihood
+        /// state kernel's start (its step to the depot, and with `first` = 1 POMO's forced
+        /// step), steps `first..first + steps`, each the decoder step from its context, the
+        /// choice (with `sample`, at the noise's column of the step) and the state's step,
+        /// loads compared with `demands` `[B × S, N]` and `capacity` `[B × S, 1]`; the
+        /// actions take `int_like`'s type and the masks `bool_like`'s. Returns the actions
+        /// `[B × S, first + steps]`, the log-likelihood
         /// `[B × S]` (zeros unless `log_likelihood`), and with `record_seen` the mask
         /// `[B × S, steps, N]`, remaining capacity fraction and context row
         /// `[B × S, steps]` each step met (`super::SeenSteps`).
@@ -378,14 +381,11 @@ mod cube_impl {
             last_node_context: FloatTensor<Self>,
             capacity_context: FloatTensor<Self>,
             by_feature: FloatTensor<Self>,
-            last_node: IntTensor<Self>,
-            used: FloatTensor<Self>,
-            served: FloatTensor<Self>,
-            mask: BoolTensor<Self>,
-            remaining: FloatTensor<Self>,
             demands: FloatTensor<Self>,
             capacity: FloatTensor<Self>,
             noise: FloatTensor<Self>,
+            int_like: IntTensor<Self>,
+            bool_like: BoolTensor<Self>,
             heads: usize,
             tanh_clipping: f32,
             temperature: f32,
@@ -410,14 +410,11 @@ mod cube_impl {
         last_node_context: &burn::backend::fusion::custom::TensorSpec,
         _capacity_context: &burn::backend::fusion::custom::TensorSpec,
         _by_feature: &burn::backend::fusion::custom::TensorSpec,
-        last_node: &burn::backend::fusion::custom::TensorSpec,
-        _used: &burn::backend::fusion::custom::TensorSpec,
-        _served: &burn::backend::fusion::custom::TensorSpec,
-        mask: &burn::backend::fusion::custom::TensorSpec,
-        _remaining: &burn::backend::fusion::custom::TensorSpec,
-        _demands: &burn::backend::fusion::custom::TensorSpec,
+        demands: &burn::backend::fusion::custom::TensorSpec,
         _capacity: &burn::backend::fusion::custom::TensorSpec,
         _noise: &burn::backend::fusion::custom::TensorSpec,
+        int_like: &burn::backend::fusion::custom::TensorSpec,
+        bool_like: &burn::backend::fusion::custom::TensorSpec,
         _heads: &usize,
         _tanh_clipping: &f32,
         _temperature: &f32,
@@ -435,7 +432,7 @@ mod cube_impl {
         burn::backend::fusion::custom::TensorSpec,
     ) {
         use burn::backend::fusion::custom::TensorSpec;
-        let [rows, nodes] = mask.shape.dims::<2>();
+        let [rows, nodes] = demands.shape.dims::<2>();
         let span = super::DecodeSpan {
             first: *first,
             steps: *steps,
@@ -446,11 +443,11 @@ mod cube_impl {
             super::cube_decode::output_shapes(&span, rows, nodes);
         let float = last_node_context.dtype;
         (
-            TensorSpec::new(actions, last_node.dtype),
+            TensorSpec::new(actions, int_like.dtype),
             TensorSpec::new(log_likelihood, float),
-            TensorSpec::new(seen_mask, mask.dtype),
+            TensorSpec::new(seen_mask, bool_like.dtype),
             TensorSpec::new(seen_remaining, float),
-            TensorSpec::new(seen_rows, last_node.dtype),
+            TensorSpec::new(seen_rows, int_like.dtype),
         )
     }
 
@@ -482,14 +479,11 @@ mod cube_impl {
             last_node_context: FloatTensor<Self>,
             capacity_context: FloatTensor<Self>,
             by_feature: FloatTensor<Self>,
-            last_node: IntTensor<Self>,
-            used: FloatTensor<Self>,
-            served: FloatTensor<Self>,
-            mask: BoolTensor<Self>,
-            remaining: FloatTensor<Self>,
             demands: FloatTensor<Self>,
             capacity: FloatTensor<Self>,
             noise: FloatTensor<Self>,
+            int_like: IntTensor<Self>,
+            bool_like: BoolTensor<Self>,
             heads: usize,
             tanh_clipping: f32,
             temperature: f32,
@@ -507,16 +501,13 @@ mod cube_impl {
             IntTensor<Self>,
         ) {
             let start = cube_decode::DecodeStart {
-                last_node,
-                used,
-                served,
-                mask,
-                remaining,
                 demands,
                 capacity,
+                tolerance,
                 noise,
                 sample,
-                tolerance,
+                int_like,
+                bool_like,
             };
             let span = super::DecodeSpan {
                 first,
