@@ -2,17 +2,18 @@
 //! `Linear(2, d)` on its [x, y] and each customer's `Linear(3, d)` on its [x, y, demand
 //! fraction], written as the rows `[B × N, d]` the layers read.
 //!
-//! In Burn's operations that was ten launches forward (three slices, a `cat` of the
-//! customers' features, two products, two bias additions fused with nothing, the depot's
-//! and customers' `cat`) and five or six backward (the weights' products with their
-//! transposed copies, the biases' sums). Here it is one kernel forward, a unit an output
-//! entry, and one backward, a cube a feature whose units walk the rows (its partial sums
-//! added in unit order: the same numbers on every run). A product's two or three terms are
-//! fused multiply-adds in f32 in feature order, then the bias is added, as flex's and the
-//! CPU runtime's matmuls make them (on the stand-in two epochs' costs are unchanged, and
-//! losses and gradient norms move by ~1e-6 relative: the weight gradients sum in another
-//! order); CUDA's matmul ran them on TF32 tensor cores. flex and ndarray keep Burn's
-//! operations, which the tests compare against.
+//! In Burn's operations that was eleven launches forward (the demand fraction's division,
+//! three slices, a `cat` of the customers' features, two products, two bias additions fused
+//! with nothing, the depot's and customers' `cat`) and five or six backward (the weights'
+//! products with their transposed copies, the biases' sums). Here it is one kernel forward,
+//! a unit an output entry, and one backward, a cube a feature whose units walk the rows
+//! (its partial sums added in unit order: the same numbers on every run). A product's two
+//! or three terms are fused multiply-adds in f32 (whatever the tensors' type) in feature
+//! order, then the bias is added, as flex's and the CPU runtime's matmuls make them (on
+//! the stand-in two epochs' costs are unchanged, and losses and gradient norms move by
+//! ~1e-6 relative: the weight gradients sum in another order); CUDA's matmul ran them on
+//! TF32 tensor cores. flex and ndarray keep Burn's operations, which the tests compare
+//! against.
 
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
@@ -402,16 +403,21 @@ mod kernel {
         if at < elements {
             let (row, j) = ((at / features) as usize, (at % features) as usize);
             let d = features as usize;
-            let (x, y) = (coords[2 * row], coords[2 * row + 1]);
-            // Each term fused into the sum, in feature order, as a CPU's matmul does.
+            let x = f32::cast_from(coords[2 * row]);
+            let y = f32::cast_from(coords[2 * row + 1]);
+            // In f32 whatever the tensors' type, as a matmul accumulates; each term fused
+            // into the sum, in feature order, as a CPU's matmul does.
             if row % nodes as usize == 0 {
-                let value = fma(y, depot_weight[d + j], x * depot_weight[j]);
-                out[at as usize] = value + depot_bias[j];
+                let (w0, w1) = (depot_weight[j], depot_weight[d + j]);
+                let value = fma(y, f32::cast_from(w1), x * f32::cast_from(w0));
+                out[at as usize] = F::cast_from(value + f32::cast_from(depot_bias[j]));
             } else {
-                let value = fma(y, customer_weight[d + j], x * customer_weight[j]);
-                let fraction = demands[row] / capacity[row / nodes as usize];
-                let value = fma(fraction, customer_weight[2 * d + j], value);
-                out[at as usize] = value + customer_bias[j];
+                let (w0, w1) = (customer_weight[j], customer_weight[d + j]);
+                let value = fma(y, f32::cast_from(w1), x * f32::cast_from(w0));
+                // The fraction in the tensors' type, as their division makes it.
+                let fraction = f32::cast_from(demands[row] / capacity[row / nodes as usize]);
+                let value = fma(fraction, f32::cast_from(customer_weight[2 * d + j]), value);
+                out[at as usize] = F::cast_from(value + f32::cast_from(customer_bias[j]));
             }
         }
     }
