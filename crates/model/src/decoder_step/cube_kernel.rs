@@ -57,12 +57,13 @@ const SOFTMAX_LANES: usize = 8;
 const SHARED_FLOATS: usize = 12 * 1024;
 
 /// Whether a step of `nodes` nodes (depot included), `heads` heads and `d` features fits the
-/// kernels' shared memory: the forward's `H·Np + Np + d + 3` floats, and with `training`
-/// the backward's `2H·Np + Np + 2d + H + 1` (Np = `nodes` rounded up to 8). At H = 8 and
+/// kernels' shared memory: the forward's `H·Np + Np + d + 5` floats (the whole decode's
+/// kernel, `super::cube_decode`, with its start's two flags), and with `training` the
+/// backward's `2H·Np + Np + 2d + H + 1` (Np = `nodes` rounded up to 8). At H = 8 and
 /// d = 128 that is up to 1,344 nodes for inference and 704 for training.
 pub(crate) fn fits(nodes: usize, heads: usize, d: usize, training: bool) -> bool {
     let padded_nodes = nodes.div_ceil(8) * 8;
-    let forward = heads * padded_nodes + padded_nodes + d + 3;
+    let forward = heads * padded_nodes + padded_nodes + d + 5;
     let backward = 2 * heads * padded_nodes + padded_nodes + 2 * d + heads + 1;
     forward.max(if training { backward } else { 0 }) <= SHARED_FLOATS
 }
