@@ -1044,6 +1044,14 @@ mod tests {
         });
     }
 
+    /// The same checks with 64-bit offsets in every kernel, as tensors of more than
+    /// `u32::MAX` elements get them (`crate::addressing`): [`cube_step_matches_op_by_op_on_cubecl_cpu`].
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_step_matches_op_by_op_on_cubecl_cpu_with_64_bit_offsets() {
+        assert!(crate::addressing::wide::launches(cube_step_matches_op_by_op_on_cubecl_cpu) > 0);
+    }
+
     /// The CubeCL kernels on CubeCL's CPU runtime against the op-by-op form on the same
     /// device, log-probabilities and every input's gradient: every mask kind, one and
     /// several rollouts an instance, a temperature, the shipped models' head size, and more
@@ -1234,6 +1242,14 @@ mod tests {
         assert_scored_at_once_matches_step_by_step(&device.autodiff());
     }
 
+    /// The same checks with 64-bit offsets in every kernel, as tensors of more than
+    /// `u32::MAX` elements get them (`crate::addressing`): [`cube_scored_at_once_matches_step_by_step`].
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_scored_at_once_matches_step_by_step_with_64_bit_offsets() {
+        assert!(crate::addressing::wide::launches(cube_scored_at_once_matches_step_by_step) > 0);
+    }
+
     /// [`assert_scored_at_once_matches_step_by_step`] on CubeCL's CPU runtime, where a
     /// training decode takes the scored form by itself.
     #[cfg(feature = "cpu")]
@@ -1243,6 +1259,16 @@ mod tests {
         let device = Backend::Cpu.device().unwrap().autodiff();
         assert!(trains_through_cubecl(&device));
         assert_scored_at_once_matches_step_by_step(&device);
+    }
+
+    /// The same checks with 64-bit offsets in every kernel, as tensors of more than
+    /// `u32::MAX` elements get them (`crate::addressing`): [`cube_decode_in_one_launch_matches_step_by_step`].
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_decode_in_one_launch_matches_step_by_step_with_64_bit_offsets() {
+        assert!(
+            crate::addressing::wide::launches(cube_decode_in_one_launch_matches_step_by_step) > 0
+        );
     }
 
     /// On CubeCL's CPU runtime, a decode without gradients runs as one kernel: the same

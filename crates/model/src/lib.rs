@@ -5,6 +5,8 @@
 //! The model knows nothing of training: it turns a [`DeviceBatch`] into a
 //! [`DecodeOutput`] of actions and log-likelihoods.
 
+#[cfg(any(feature = "cuda", feature = "cpu"))]
+mod addressing;
 pub mod attention_model;
 pub mod backend;
 pub mod cubecl_config;
@@ -54,12 +56,38 @@ mod test_values {
     #![cfg_attr(not(any(feature = "flex", feature = "cpu")), allow(dead_code))]
 
     /// Held by the tests that launch CubeCL kernels: the launch counter
-    /// ([`crate::launches`]) sees every launch of the process.
+    /// ([`crate::launches`]) sees every launch of the process. A thread that holds it may
+    /// take it again (a test that runs another: `crate::addressing::wide`).
     #[cfg(feature = "cpu")]
-    pub(crate) fn one_cube_test_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    pub(crate) fn one_cube_test_at_a_time() -> CubeTestAlone {
         static CUBE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        CUBE.lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        if HELD.get() {
+            return CubeTestAlone(None);
+        }
+        let guard = CUBE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        HELD.set(true);
+        CubeTestAlone(Some(guard))
+    }
+
+    #[cfg(feature = "cpu")]
+    thread_local! {
+        /// Whether this thread holds [`one_cube_test_at_a_time`]'s lock.
+        static HELD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// [`one_cube_test_at_a_time`]'s lock, held till dropped (`None`: held further out).
+    #[cfg(feature = "cpu")]
+    pub(crate) struct CubeTestAlone(Option<std::sync::MutexGuard<'static, ()>>);
+
+    #[cfg(feature = "cpu")]
+    impl Drop for CubeTestAlone {
+        fn drop(&mut self) {
+            if self.0.is_some() {
+                HELD.set(false);
+            }
+        }
     }
 
     /// Deterministic values in [-scale, scale] from a small LCG.

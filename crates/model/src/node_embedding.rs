@@ -289,11 +289,12 @@ mod kernel {
     // The `cube` macro's expansion names the `cubecl` crate: Burn's re-export of it.
     use burn_cubecl::cubecl;
     use burn_cubecl::cubecl::prelude::*;
-    use burn_cubecl::cubecl::{CubeCount, CubeDim};
+    use burn_cubecl::cubecl::{calculate_cube_count_elemwise, CubeCount, CubeDim};
     use burn_cubecl::kernel::into_contiguous;
     use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
     use burn_cubecl::tensor::CubeTensor;
 
+    use crate::addressing::address_type;
     use crate::decoder_step::cube_dim;
 
     /// Units per cube of the forward pass: one output entry each.
@@ -320,15 +321,27 @@ mod kernel {
         let [b, n, _] = coords.meta.shape().dims::<3>();
         let [_, d] = depot_weight.meta.shape().dims::<2>();
         let out = empty(&depot_weight, Shape::new([b * n, d]));
-        let elements = (b * n * d) as u32;
+        let elements = b * n * d;
         let client = out.client.clone();
         let units = UNITS
             .min(client.properties().hardware.max_units_per_cube)
             .max(1);
+        let cubes = CubeDim::new_1d(units);
+        let addresses = address_type([
+            &coords,
+            &demands,
+            &capacity,
+            &depot_weight,
+            &depot_bias,
+            &customer_weight,
+            &customer_bias,
+            &out,
+        ]);
         embed_kernel::launch(
             &client,
-            CubeCount::Static(elements.div_ceil(units).max(1), 1, 1),
-            CubeDim::new_1d(units),
+            calculate_cube_count_elemwise(&client, elements, cubes),
+            cubes,
+            addresses,
             coords.into_tensor_arg(),
             demands.into_tensor_arg(),
             capacity.into_tensor_arg(),
@@ -364,6 +377,7 @@ mod kernel {
             &client,
             CubeCount::Static(d as u32, 1, 1),
             cube_dim(&client, units),
+            address_type([&coords, &demands, &capacity, &grad_out]),
             coords.into_tensor_arg(),
             demands.into_tensor_arg(),
             capacity.into_tensor_arg(),
@@ -383,7 +397,7 @@ mod kernel {
 
     /// Output entry (row, feature j) of the rows, row = instance · N + node: the depot's
     /// `x·w₀ⱼ + y·w₁ⱼ + bⱼ`, a customer's `x·w₀ⱼ + y·w₁ⱼ + f·w₂ⱼ + bⱼ`.
-    #[cube(launch)]
+    #[cube(launch, address_type = "dynamic")]
     #[allow(clippy::too_many_arguments)]
     fn embed_kernel<F: Float>(
         coords: &Tensor<F>,
@@ -394,15 +408,15 @@ mod kernel {
         customer_weight: &Tensor<F>,
         customer_bias: &Tensor<F>,
         out: &mut Tensor<F>,
-        elements: u32,
+        elements: usize,
         nodes: u32,
         features: u32,
         #[define(F)] _dtype: ElemType,
     ) {
-        let at = CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X;
+        let at = ABSOLUTE_POS;
         if at < elements {
-            let (row, j) = ((at / features) as usize, (at % features) as usize);
             let d = features as usize;
+            let (row, j) = (at / d, at % d);
             let x = f32::cast_from(coords[2 * row]);
             let y = f32::cast_from(coords[2 * row + 1]);
             // In f32 whatever the tensors' type, as a matmul accumulates; each term fused
@@ -410,14 +424,14 @@ mod kernel {
             if row % nodes as usize == 0 {
                 let (w0, w1) = (depot_weight[j], depot_weight[d + j]);
                 let value = fma(y, f32::cast_from(w1), x * f32::cast_from(w0));
-                out[at as usize] = F::cast_from(value + f32::cast_from(depot_bias[j]));
+                out[at] = F::cast_from(value + f32::cast_from(depot_bias[j]));
             } else {
                 let (w0, w1) = (customer_weight[j], customer_weight[d + j]);
                 let value = fma(y, f32::cast_from(w1), x * f32::cast_from(w0));
                 // The fraction in the tensors' type, as their division makes it.
                 let fraction = f32::cast_from(demands[row] / capacity[row / nodes as usize]);
                 let value = fma(fraction, f32::cast_from(customer_weight[2 * d + j]), value);
-                out[at as usize] = F::cast_from(value + f32::cast_from(customer_bias[j]));
+                out[at] = F::cast_from(value + f32::cast_from(customer_bias[j]));
             }
         }
     }
@@ -425,7 +439,7 @@ mod kernel {
     /// Feature `CUBE_POS_X`'s gradients: each unit sums every `CUBE_DIM_X`-th row's
     /// products with the rows' gradient, and unit 0 adds the units' sums in unit order (the
     /// same numbers on every run).
-    #[cube(launch)]
+    #[cube(launch, address_type = "dynamic")]
     #[allow(clippy::too_many_arguments)]
     fn embed_grads_kernel<F: Float>(
         coords: &Tensor<F>,
@@ -518,6 +532,17 @@ mod tests {
                 "{what}[{i}]: {a} vs {r}"
             );
         }
+    }
+
+    /// The same checks with 64-bit offsets in every kernel, as tensors of more than
+    /// `u32::MAX` elements get them (`crate::addressing`): [`cube_embedding_matches_the_linear_layers_with_gradients`].
+    #[test]
+    fn cube_embedding_matches_the_linear_layers_with_gradients_with_64_bit_offsets() {
+        assert!(
+            crate::addressing::wide::launches(
+                cube_embedding_matches_the_linear_layers_with_gradients
+            ) > 0
+        );
     }
 
     /// On CubeCL's CPU runtime the embedding kernels against the encoder's linear layers in

@@ -19,6 +19,7 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 
+use crate::addressing::address_type;
 use crate::decoder_step::cube_dim;
 
 /// Units per cube (a feature of one group) on a GPU at most, and the shared partial sums'
@@ -66,6 +67,7 @@ pub(crate) fn forward(
         &client,
         CubeCount::Static((groups * d) as u32, 1, 1),
         cube_dim(&client, units_for(group_rows)),
+        address_type([&x, &skip, &gamma, &beta, &out, &mean, &variance]),
         x.clone().into_tensor_arg(),
         skip.into_tensor_arg(),
         gamma.into_tensor_arg(),
@@ -103,6 +105,7 @@ pub(crate) fn backward(
         &client,
         CubeCount::Static((groups * d) as u32, 1, 1),
         cube_dim(&client, units_for(group_rows)),
+        address_type([&x, &skip, &gamma, &mean, &variance, &grad_out, &x_grad]),
         x.clone().into_tensor_arg(),
         skip.into_tensor_arg(),
         gamma.into_tensor_arg(),
@@ -171,7 +174,7 @@ fn sum_at<F: Float>(x: &Tensor<F>, skip: &Tensor<F>, i: usize) -> f32 {
     f32::cast_from(x[i] + skip[i])
 }
 
-#[cube(launch)]
+#[cube(launch, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn norm_rows_kernel<F: Float>(
     x: &Tensor<F>,
@@ -226,7 +229,7 @@ fn norm_rows_kernel<F: Float>(
 
 /// Per feature, with s = 1/√(var + ε) and x̂ = (x − mean)·s: ∂β = Σ ∂y, ∂γ = Σ ∂y·x̂, and
 /// ∂x = γ·s·(∂y − ∂β/R − x̂·∂γ/R) over the group's R rows.
-#[cube(launch)]
+#[cube(launch, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn norm_rows_backward_kernel<F: Float>(
     x: &Tensor<F>,

@@ -812,6 +812,18 @@ mod tests {
         assert_fused_matches_burns(Backend::Flex, sizes, names, outputs);
     }
 
+    /// The same checks with 64-bit offsets in every kernel, as tensors of more than
+    /// `u32::MAX` elements get them (`crate::addressing`): [`cube_batch_norm_matches_burns_with_gradients_and_running_statistics`].
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_batch_norm_matches_burns_with_gradients_and_running_statistics_with_64_bit_offsets() {
+        assert!(
+            crate::addressing::wide::launches(
+                cube_batch_norm_matches_burns_with_gradients_and_running_statistics
+            ) > 0
+        );
+    }
+
     /// The CubeCL kernels on CubeCL's CPU runtime, against Burn's batch norm there.
     #[cfg(feature = "cpu")]
     #[test]
@@ -957,6 +969,16 @@ mod tests {
     fn fused_instance_norm_matches_burns_with_gradients() {
         let (sizes, names) = (&INSTANCE_NORM_SIZES, &INSTANCE_NORM_OUTPUTS);
         assert_fused_matches_burns(Backend::Flex, sizes, names, instance_outputs);
+    }
+
+    /// The same checks with 64-bit offsets in every kernel, as tensors of more than
+    /// `u32::MAX` elements get them (`crate::addressing`): [`cube_instance_norm_matches_burns_with_gradients`].
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_instance_norm_matches_burns_with_gradients_with_64_bit_offsets() {
+        assert!(
+            crate::addressing::wide::launches(cube_instance_norm_matches_burns_with_gradients) > 0
+        );
     }
 
     /// The CubeCL kernels on CubeCL's CPU runtime, against Burn's instance norm there.

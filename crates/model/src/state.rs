@@ -570,6 +570,14 @@ mod tests {
         }
     }
 
+    /// The same checks with 64-bit offsets in every kernel, as tensors of more than
+    /// `u32::MAX` elements get them (`crate::addressing`): [`cube_state_kernel_matches_op_by_op`].
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_state_kernel_matches_op_by_op_with_64_bit_offsets() {
+        assert!(crate::addressing::wide::launches(cube_state_kernel_matches_op_by_op) > 0);
+    }
+
     /// On CubeCL's CPU runtime the 0/1 form steps through the state kernel
     /// (`state_kernel`), which makes the next mask with the step: the same masks, loads
     /// and finished rows as the op-by-op form at every step of the walk.

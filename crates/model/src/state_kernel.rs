@@ -158,6 +158,7 @@ impl StateStepBackend for CubeBackend {
             &out.client,
             out.count.clone(),
             out.dim,
+            out.address_type([&action, &demands, &capacity, &used, &served]),
             action.into_tensor_arg(),
             demands.into_tensor_arg(),
             capacity.into_tensor_arg(),
@@ -203,6 +204,7 @@ impl StateStepBackend for CubeBackend {
             &out.client,
             out.count.clone(),
             out.dim,
+            out.address_type([&log_p, &noise, &demands, &capacity, &used, &served, &action]),
             log_p.into_tensor_arg(),
             noise.into_tensor_arg(),
             demands.into_tensor_arg(),
@@ -265,6 +267,14 @@ impl StepOutputs {
     }
 }
 
+impl StepOutputs {
+    /// The address type of a launch with `inputs` and these outputs.
+    fn address_type<const K: usize>(&self, inputs: [&CubeTensor; K]) -> AddressType {
+        let outputs = [&self.used, &self.served, &self.mask, &self.remaining];
+        crate::addressing::address_type(inputs.into_iter().chain(outputs))
+    }
+}
+
 /// A new contiguous tensor on `tensor`'s device.
 fn empty_beside(tensor: &CubeTensor, shape: [usize; 2], dtype: DType) -> CubeTensor {
     let (client, device) = (tensor.client.clone(), tensor.device.clone());
@@ -272,7 +282,7 @@ fn empty_beside(tensor: &CubeTensor, shape: [usize; 2], dtype: DType) -> CubeTen
 }
 
 /// Every tensor contiguous, row-major: row `r` of an `[R, N]` tensor starts at `r · N`.
-#[cube(launch)]
+#[cube(launch, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn state_step_kernel<F: Float, I: Int, M: Int>(
     action: &Tensor<I>,
@@ -313,7 +323,7 @@ fn state_step_kernel<F: Float, I: Int, M: Int>(
 /// (Burn's `argmax`), or the number of nodes whose running sum of probabilities, summed in
 /// node order, is below `uniform · total` (at most the last node), the uniform at
 /// `noise[row · noise_width + column]`.
-#[cube(launch)]
+#[cube(launch, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn choose_and_step_kernel<F: Float, I: Int, M: Int>(
     log_p: &Tensor<F>,

@@ -177,11 +177,12 @@ mod cube_impl {
     use burn::tensor::Shape;
     use burn_cubecl::cubecl;
     use burn_cubecl::cubecl::prelude::*;
-    use burn_cubecl::cubecl::{CubeCount, CubeDim};
+    use burn_cubecl::cubecl::{calculate_cube_count_elemwise, CubeDim};
     use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
     use burn_cubecl::CubeBackend;
 
     use super::KeysByFeatureBackend;
+    use crate::addressing::address_type;
 
     /// Units per cube: one output element each.
     const UNITS: u32 = 256;
@@ -201,14 +202,17 @@ mod cube_impl {
                 Shape::new([b, 3 * d, np]),
                 second.dtype,
             );
-            let elements = (b * 3 * d * np) as u32;
+            let elements = b * 3 * d * np;
             let units = UNITS
                 .min(client.properties().hardware.max_units_per_cube)
                 .max(1);
+            let cubes = CubeDim::new_1d(units);
+            let addresses = address_type([&first, &second, &third, &out]);
             by_feature_kernel::launch(
                 &client,
-                CubeCount::Static(elements.div_ceil(units).max(1), 1, 1),
-                CubeDim::new_1d(units),
+                calculate_cube_count_elemwise(&client, elements, cubes),
+                cubes,
+                addresses,
                 first.into_tensor_arg(),
                 second.into_tensor_arg(),
                 third.into_tensor_arg(),
@@ -225,34 +229,34 @@ mod cube_impl {
 
     /// `out[b, p·d + f, j]` = part p's `[b, j, f]` (read through its strides), 0 for the
     /// padding nodes j ≥ n: one unit per element of the contiguous output.
-    #[cube(launch)]
+    #[cube(launch, address_type = "dynamic")]
     #[allow(clippy::too_many_arguments)]
     fn by_feature_kernel<F: Float>(
         first: &Tensor<F>,
         second: &Tensor<F>,
         third: &Tensor<F>,
         out: &mut Tensor<F>,
-        elements: u32,
+        elements: usize,
         nodes: u32,
         features: u32,
         padded_nodes: u32,
         #[define(F)] _dtype: ElemType,
     ) {
-        let at = CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X;
+        let at = ABSOLUTE_POS;
         if at < elements {
-            let node = at % padded_nodes;
+            let (features, padded_nodes) = (features as usize, padded_nodes as usize);
+            let j = at % padded_nodes;
             let row = at / padded_nodes;
-            let feature = row % (3u32 * features);
-            let instance = (row / (3u32 * features)) as usize;
+            let feature = row % (3 * features);
+            let instance = row / (3 * features);
             let part = feature / features;
-            let f = (feature % features) as usize;
-            let j = node as usize;
+            let f = feature % features;
             let mut value = F::new(0.0);
-            if node < nodes {
-                if part == 0u32 {
+            if j < nodes as usize {
+                if part == 0 {
                     value = first
                         [instance * first.stride(0) + j * first.stride(1) + f * first.stride(2)];
-                } else if part == 1u32 {
+                } else if part == 1 {
                     value = second
                         [instance * second.stride(0) + j * second.stride(1) + f * second.stride(2)];
                 } else {
@@ -260,7 +264,7 @@ mod cube_impl {
                         [instance * third.stride(0) + j * third.stride(1) + f * third.stride(2)];
                 }
             }
-            out[at as usize] = value;
+            out[at] = value;
         }
     }
 }
@@ -368,6 +372,17 @@ mod tests {
         let device = default_device();
         assert!(crate::backend::runs_on_flex(&device));
         assert_matches_the_tensor_operations(&device);
+    }
+
+    /// The same checks with 64-bit offsets in every kernel, as tensors of more than
+    /// `u32::MAX` elements get them (`crate::addressing`): [`cube_keys_by_feature_matches_the_tensor_operations`].
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_keys_by_feature_matches_the_tensor_operations_with_64_bit_offsets() {
+        assert!(
+            crate::addressing::wide::launches(cube_keys_by_feature_matches_the_tensor_operations)
+                > 0
+        );
     }
 
     /// The CubeCL kernel, on CubeCL's CPU runtime.

@@ -24,6 +24,7 @@ use burn_cubecl::tensor::CubeTensor;
 
 use super::cube_kernel::{cube_dim, fits, query_from_context, step_row, UNITS};
 use super::DecodeSpan;
+use crate::addressing::address_type;
 use crate::state_kernel::{choose_and_step_in_cube, step_in_cube};
 
 /// What a decode's state steps read (`demands` `[R, N]`, `capacity` `[R, 1]`, the
@@ -133,6 +134,32 @@ pub(crate) fn decode(
         &client,
         CubeCount::Static(rows as u32, 1, 1),
         cube_dim(&client, UNITS),
+        address_type([
+            &fixed_context,
+            &last_node_context,
+            &capacity_context,
+            &by_feature,
+            &noise,
+            &demands,
+            &capacity,
+            &query,
+            &log_p,
+            &now_node,
+            &now_used,
+            &now_served,
+            &now_mask,
+            &now_remaining,
+            &next_node,
+            &next_used,
+            &next_served,
+            &next_mask,
+            &next_remaining,
+            &actions,
+            &log_likelihood,
+            &seen_mask,
+            &seen_remaining,
+            &seen_rows,
+        ]),
         fixed_context.into_tensor_arg(),
         last_node_context.into_tensor_arg(),
         capacity_context.into_tensor_arg(),
@@ -188,7 +215,7 @@ pub(crate) fn decode(
 /// ([`step_row`]), the choice and the state's step into the next set
 /// (`choose_and_step_in_cube`, noise column `first + t`), and the next set copied back,
 /// with the action (and the chosen log-probability, where asked) recorded.
-#[cube(launch)]
+#[cube(launch, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn decode_kernel<F: Float, I: Int, M: Int>(
     fixed_context: &Tensor<F>,

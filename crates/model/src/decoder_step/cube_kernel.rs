@@ -29,6 +29,8 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 
+use crate::addressing::address_type;
+
 /// Units per cube (one row) on a GPU: a multiple of the warp, and past CVRP50's 51 nodes
 /// two passes over the nodes at most up to CVRP100.
 pub(super) const UNITS: u32 = 64;
@@ -101,6 +103,7 @@ pub(crate) fn forward(
         &query.client,
         CubeCount::Static(rows as u32, 1, 1),
         cube_dim(&query.client, UNITS),
+        address_type([&query, &by_feature, &mask, &output]),
         query.clone().into_tensor_arg(),
         by_feature.into_tensor_arg(),
         mask.into_tensor_arg(),
@@ -162,6 +165,17 @@ pub(crate) fn forward_from_context(
         &client,
         CubeCount::Static(rows as u32, 1, 1),
         cube_dim(&client, UNITS),
+        address_type([
+            &fixed_context,
+            &last_node_context,
+            &capacity_context,
+            &last_node,
+            &remaining,
+            &query,
+            &by_feature,
+            &mask,
+            &output,
+        ]),
         fixed_context.into_tensor_arg(),
         last_node_context.into_tensor_arg(),
         capacity_context.into_tensor_arg(),
@@ -377,7 +391,7 @@ fn attend<F: Float, M: Int>(
     sync_cube();
 }
 
-#[cube(launch)]
+#[cube(launch, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn decoder_step_kernel<F: Float, M: Int>(
     query: &Tensor<F>,
@@ -417,7 +431,7 @@ fn decoder_step_kernel<F: Float, M: Int>(
 /// stands at + its remaining capacity fraction · `capacity_context` `[d]`), in the
 /// tensors' float type and in the order `AttentionModel::step_log_probs` adds them. The
 /// query is written to `query` `[B, S, d]`, which the rest of the cube then reads.
-#[cube(launch)]
+#[cube(launch, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn decoder_step_from_context_kernel<F: Float, I: Int, M: Int>(
     fixed_context: &Tensor<F>,
@@ -664,6 +678,11 @@ pub(crate) fn backward(
         &client,
         CubeCount::Static((b * chunks) as u32, 1, 1),
         cube_dim(&client, BACKWARD_UNITS),
+        address_type(
+            [&query, &by_feature, &mask, &log_probs, &grad_out]
+                .into_iter()
+                .chain(&grads),
+        ),
         query.into_tensor_arg(),
         by_feature.into_tensor_arg(),
         mask.into_tensor_arg(),
@@ -708,7 +727,7 @@ fn add_term<F: Float>(grad: &mut Tensor<F>, index: usize, term: f32, first: bool
     }
 }
 
-#[cube(launch)]
+#[cube(launch, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn decoder_step_backward_kernel<F: Float, M: Int>(
     query: &Tensor<F>,

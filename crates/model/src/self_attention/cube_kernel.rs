@@ -28,6 +28,7 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 
+use crate::addressing::address_type;
 use crate::decoder_step::cube_dim;
 
 /// Units per cube (a head of one instance) on a GPU at most: CVRP100's 101 rows in one
@@ -80,6 +81,7 @@ pub(crate) fn forward(qkv: CubeTensor, heads: usize) -> CubeTensor {
         &client,
         CubeCount::Static((b * heads) as u32, 1, 1),
         cube_dim(&client, units_for(n)),
+        address_type([&qkv, &output]),
         qkv.clone().into_tensor_arg(),
         output.clone().into_tensor_arg(),
         (head_dim as f32).sqrt(),
@@ -109,6 +111,7 @@ pub(crate) fn backward(qkv: CubeTensor, grad_out: CubeTensor, heads: usize) -> C
         &client,
         CubeCount::Static((b * heads) as u32, 1, 1),
         cube_dim(&client, units_for(n)),
+        address_type([&qkv, &grad_out, &grad]),
         qkv.clone().into_tensor_arg(),
         grad_out.into_tensor_arg(),
         grad.clone().into_tensor_arg(),
@@ -231,7 +234,7 @@ fn row_softmax<F: Float>(
     RowSoftmax { max, sum }
 }
 
-#[cube(launch)]
+#[cube(launch, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn self_attention_kernel<F: Float>(
     qkv: &Tensor<F>,
@@ -261,7 +264,7 @@ fn self_attention_kernel<F: Float>(
 /// With a = softmax(s), s_ij = q_i · k_j / √dk, o_i = Σ_j a_ij v_j and g the output's
 /// gradient: ∂s_ij = a_ij (g_i · v_j − δ_i) with δ_i = g_i · o_i; ∂q_i = Σ_j ∂s_ij k_j / √dk,
 /// ∂k_j = Σ_i ∂s_ij q_i / √dk, ∂v_j = Σ_i a_ij g_i.
-#[cube(launch)]
+#[cube(launch, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn self_attention_backward_kernel<F: Float>(
     qkv: &Tensor<F>,
