@@ -1045,11 +1045,16 @@ mod tests {
     }
 
     /// The same checks with 64-bit offsets in every kernel, as tensors of more than
-    /// `u32::MAX` elements get them (`crate::addressing`): [`cube_step_matches_op_by_op_on_cubecl_cpu`].
+    /// `u32::MAX` elements get them (`crate::cube_launch`):
+    /// [`cube_step_matches_op_by_op_on_cubecl_cpu`].
     #[cfg(feature = "cpu")]
     #[test]
     fn cube_step_matches_op_by_op_on_cubecl_cpu_with_64_bit_offsets() {
-        assert!(crate::addressing::wide::launches(cube_step_matches_op_by_op_on_cubecl_cpu) > 0);
+        assert!(
+            crate::cube_launch::for_tests::with_wide_addresses(
+                cube_step_matches_op_by_op_on_cubecl_cpu
+            ) > 0
+        );
     }
 
     /// The CubeCL kernels on CubeCL's CPU runtime against the op-by-op form on the same
@@ -1060,15 +1065,33 @@ mod tests {
     #[cfg(feature = "cpu")]
     #[test]
     fn cube_step_matches_op_by_op_on_cubecl_cpu() {
-        let _alone = crate::test_values::one_cube_test_at_a_time();
-        let device = Backend::Cpu.device().unwrap();
-        let cases = [
+        assert_cube_step_matches_op_by_op(&[
             (8, 1, 7, 4, 4, 1.0),
             (3, 5, 6, 4, 4, 0.7),
             (2, 7, 21, 8, 16, 1.0),
             (2, 3, 101, 8, 16, 1.0),
-        ];
-        for (b, s, n, heads, head_dim, temperature) in cases {
+        ]);
+    }
+
+    /// The same checks with more units a cube than the instances have nodes, as on a GPU
+    /// (64 units for tiny_1's 11 nodes); CubeCL's CPU runtime runs as many as it has cores
+    /// (each a thread that spins at every barrier), so 4 units on 3 nodes here.
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_step_matches_op_by_op_with_idle_units() {
+        let given = crate::cube_launch::for_tests::with_units(4, || {
+            assert_cube_step_matches_op_by_op(&[(3, 2, 3, 4, 4, 1.0), (2, 3, 3, 4, 4, 0.7)])
+        });
+        assert!(given > 0);
+    }
+
+    /// [`cube_step_matches_op_by_op_on_cubecl_cpu`] for `cases` (b, s, n, heads, head
+    /// size, temperature).
+    #[cfg(feature = "cpu")]
+    fn assert_cube_step_matches_op_by_op(cases: &[(usize, usize, usize, usize, usize, f64)]) {
+        let _alone = crate::test_values::one_cube_test_at_a_time();
+        let device = Backend::Cpu.device().unwrap();
+        for &(b, s, n, heads, head_dim, temperature) in cases {
             let case = StepCase {
                 b,
                 s,
@@ -1243,11 +1266,16 @@ mod tests {
     }
 
     /// The same checks with 64-bit offsets in every kernel, as tensors of more than
-    /// `u32::MAX` elements get them (`crate::addressing`): [`cube_scored_at_once_matches_step_by_step`].
+    /// `u32::MAX` elements get them (`crate::cube_launch`):
+    /// [`cube_scored_at_once_matches_step_by_step`].
     #[cfg(feature = "cpu")]
     #[test]
     fn cube_scored_at_once_matches_step_by_step_with_64_bit_offsets() {
-        assert!(crate::addressing::wide::launches(cube_scored_at_once_matches_step_by_step) > 0);
+        assert!(
+            crate::cube_launch::for_tests::with_wide_addresses(
+                cube_scored_at_once_matches_step_by_step
+            ) > 0
+        );
     }
 
     /// [`assert_scored_at_once_matches_step_by_step`] on CubeCL's CPU runtime, where a
@@ -1262,13 +1290,27 @@ mod tests {
     }
 
     /// The same checks with 64-bit offsets in every kernel, as tensors of more than
-    /// `u32::MAX` elements get them (`crate::addressing`): [`cube_decode_in_one_launch_matches_step_by_step`].
+    /// `u32::MAX` elements get them (`crate::cube_launch`):
+    /// [`cube_decode_in_one_launch_matches_step_by_step`].
     #[cfg(feature = "cpu")]
     #[test]
     fn cube_decode_in_one_launch_matches_step_by_step_with_64_bit_offsets() {
         assert!(
-            crate::addressing::wide::launches(cube_decode_in_one_launch_matches_step_by_step) > 0
+            crate::cube_launch::for_tests::with_wide_addresses(
+                cube_decode_in_one_launch_matches_step_by_step
+            ) > 0
         );
+    }
+
+    /// [`cube_decode_in_one_launch_matches_step_by_step`] with more units a cube than the
+    /// instances have nodes, as on a GPU (see [`cube_step_matches_op_by_op_with_idle_units`]).
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_decode_in_one_launch_matches_step_by_step_with_idle_units() {
+        let given = crate::cube_launch::for_tests::with_units(4, || {
+            assert_decode_in_one_launch_matches_step_by_step(2)
+        });
+        assert!(given > 0);
     }
 
     /// On CubeCL's CPU runtime, a decode without gradients runs as one kernel: the same
@@ -1278,11 +1320,17 @@ mod tests {
     #[cfg(feature = "cpu")]
     #[test]
     fn cube_decode_in_one_launch_matches_step_by_step() {
+        assert_decode_in_one_launch_matches_step_by_step(9);
+    }
+
+    /// [`cube_decode_in_one_launch_matches_step_by_step`] on instances of `n` customers.
+    #[cfg(feature = "cpu")]
+    fn assert_decode_in_one_launch_matches_step_by_step(n: usize) {
         use routeburn_data::{Generator, InstanceRng};
         let _alone = crate::test_values::one_cube_test_at_a_time();
         let device = Backend::Cpu.device().unwrap();
         let model = small_model(&device);
-        let batch = Generator::uniform(9).sample_batch(&mut InstanceRng::new(5), 4);
+        let batch = Generator::uniform(n).sample_batch(&mut InstanceRng::new(5), 4);
         for multi_start in [false, true] {
             for options in [DecodeOptions::greedy(), DecodeOptions::sample(0.8)] {
                 let options = options.with_multi_start(multi_start);

@@ -272,13 +272,13 @@ pub fn decode_chunk(device: &Device, nodes: usize) -> usize {
 }
 
 /// Decodes instances `range` of `problem` in chunks of at most `chunk` instances, split as
-/// evenly as possible: each chunk's `[rows, steps]` actions, in order, still on the device. On flex as many chunks
-/// run at once as rayon has threads (each on its own thread: the decode's small state
-/// updates run one op at a time, and one chunk alone kept two cores ~70% busy), then the
-/// next as many. A chunk decodes exactly as it would inside the whole batch (greedy rows
-/// read only their own instance; a sample reads its own rows of the noise; an inference
-/// model's batch norm uses its running statistics), so neither the chunk size nor the
-/// threads change a tour.
+/// evenly as possible: each chunk's `[rows, steps]` actions, in order, still on the device.
+/// On flex as many chunks run at once as rayon has threads (each on its own thread: the
+/// decode's small state updates run one op at a time, and one chunk alone kept two cores
+/// ~70% busy), then the next as many. A chunk decodes exactly as it would inside the whole
+/// batch (greedy rows read only their own instance; a sample reads its own rows of the
+/// noise; an inference model's batch norm uses its running statistics), so neither the
+/// chunk size nor the threads change a tour.
 pub fn decode_in_chunks(
     model: &(impl Policy + Sync),
     problem: &DeviceBatch,
@@ -480,12 +480,15 @@ mod tests {
     }
 
     /// The same checks with 64-bit offsets in every kernel, as tensors of more than
-    /// `u32::MAX` elements get them (`crate::addressing`): [`cube_state_kernel_chooses_as_the_op_by_op_forms`].
+    /// `u32::MAX` elements get them (`crate::cube_launch`):
+    /// [`cube_state_kernel_chooses_as_the_op_by_op_forms`].
     #[cfg(feature = "cpu")]
     #[test]
     fn cube_state_kernel_chooses_as_the_op_by_op_forms_with_64_bit_offsets() {
         assert!(
-            crate::addressing::wide::launches(cube_state_kernel_chooses_as_the_op_by_op_forms) > 0
+            crate::cube_launch::for_tests::with_wide_addresses(
+                cube_state_kernel_chooses_as_the_op_by_op_forms
+            ) > 0
         );
     }
 

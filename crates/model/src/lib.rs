@@ -5,10 +5,10 @@
 //! The model knows nothing of training: it turns a [`DeviceBatch`] into a
 //! [`DecodeOutput`] of actions and log-likelihoods.
 
-#[cfg(any(feature = "cuda", feature = "cpu"))]
-mod addressing;
 pub mod attention_model;
 pub mod backend;
+#[cfg(any(feature = "cuda", feature = "cpu"))]
+mod cube_launch;
 pub mod cubecl_config;
 #[cfg(unix)]
 pub mod cuda_driver;
@@ -57,7 +57,7 @@ mod test_values {
 
     /// Held by the tests that launch CubeCL kernels: the launch counter
     /// ([`crate::launches`]) sees every launch of the process. A thread that holds it may
-    /// take it again (a test that runs another: `crate::addressing::wide`).
+    /// take it again (a test that runs another: `crate::cube_launch::for_tests`).
     #[cfg(feature = "cpu")]
     pub(crate) fn one_cube_test_at_a_time() -> CubeTestAlone {
         static CUBE: std::sync::Mutex<()> = std::sync::Mutex::new(());

@@ -294,8 +294,8 @@ mod kernel {
     use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
     use burn_cubecl::tensor::CubeTensor;
 
-    use crate::addressing::address_type;
-    use crate::decoder_step::cube_dim;
+    use crate::cube_launch::address_type;
+    use crate::cube_launch::cube_dim;
 
     /// Units per cube of the forward pass: one output entry each.
     const UNITS: u32 = 256;
@@ -535,11 +535,12 @@ mod tests {
     }
 
     /// The same checks with 64-bit offsets in every kernel, as tensors of more than
-    /// `u32::MAX` elements get them (`crate::addressing`): [`cube_embedding_matches_the_linear_layers_with_gradients`].
+    /// `u32::MAX` elements get them (`crate::cube_launch`):
+    /// [`cube_embedding_matches_the_linear_layers_with_gradients`].
     #[test]
     fn cube_embedding_matches_the_linear_layers_with_gradients_with_64_bit_offsets() {
         assert!(
-            crate::addressing::wide::launches(
+            crate::cube_launch::for_tests::with_wide_addresses(
                 cube_embedding_matches_the_linear_layers_with_gradients
             ) > 0
         );

@@ -19,8 +19,8 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 
-use crate::addressing::address_type;
-use crate::decoder_step::cube_dim;
+use crate::cube_launch::address_type;
+use crate::cube_launch::cube_dim;
 
 /// Units per cube (a feature of one group) on a GPU at most, and the shared partial sums'
 /// size.

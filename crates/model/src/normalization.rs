@@ -813,12 +813,13 @@ mod tests {
     }
 
     /// The same checks with 64-bit offsets in every kernel, as tensors of more than
-    /// `u32::MAX` elements get them (`crate::addressing`): [`cube_batch_norm_matches_burns_with_gradients_and_running_statistics`].
+    /// `u32::MAX` elements get them (`crate::cube_launch`):
+    /// [`cube_batch_norm_matches_burns_with_gradients_and_running_statistics`].
     #[cfg(feature = "cpu")]
     #[test]
     fn cube_batch_norm_matches_burns_with_gradients_and_running_statistics_with_64_bit_offsets() {
         assert!(
-            crate::addressing::wide::launches(
+            crate::cube_launch::for_tests::with_wide_addresses(
                 cube_batch_norm_matches_burns_with_gradients_and_running_statistics
             ) > 0
         );
@@ -972,12 +973,15 @@ mod tests {
     }
 
     /// The same checks with 64-bit offsets in every kernel, as tensors of more than
-    /// `u32::MAX` elements get them (`crate::addressing`): [`cube_instance_norm_matches_burns_with_gradients`].
+    /// `u32::MAX` elements get them (`crate::cube_launch`):
+    /// [`cube_instance_norm_matches_burns_with_gradients`].
     #[cfg(feature = "cpu")]
     #[test]
     fn cube_instance_norm_matches_burns_with_gradients_with_64_bit_offsets() {
         assert!(
-            crate::addressing::wide::launches(cube_instance_norm_matches_burns_with_gradients) > 0
+            crate::cube_launch::for_tests::with_wide_addresses(
+                cube_instance_norm_matches_burns_with_gradients
+            ) > 0
         );
     }
 

@@ -571,11 +571,15 @@ mod tests {
     }
 
     /// The same checks with 64-bit offsets in every kernel, as tensors of more than
-    /// `u32::MAX` elements get them (`crate::addressing`): [`cube_state_kernel_matches_op_by_op`].
+    /// `u32::MAX` elements get them (`crate::cube_launch`):
+    /// [`cube_state_kernel_matches_op_by_op`].
     #[cfg(feature = "cpu")]
     #[test]
     fn cube_state_kernel_matches_op_by_op_with_64_bit_offsets() {
-        assert!(crate::addressing::wide::launches(cube_state_kernel_matches_op_by_op) > 0);
+        assert!(
+            crate::cube_launch::for_tests::with_wide_addresses(cube_state_kernel_matches_op_by_op)
+                > 0
+        );
     }
 
     /// On CubeCL's CPU runtime the 0/1 form steps through the state kernel

@@ -271,7 +271,7 @@ impl StepOutputs {
     /// The address type of a launch with `inputs` and these outputs.
     fn address_type<const K: usize>(&self, inputs: [&CubeTensor; K]) -> AddressType {
         let outputs = [&self.used, &self.served, &self.mask, &self.remaining];
-        crate::addressing::address_type(inputs.into_iter().chain(outputs))
+        crate::cube_launch::address_type(inputs.into_iter().chain(outputs))
     }
 }
 

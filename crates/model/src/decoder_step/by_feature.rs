@@ -182,7 +182,7 @@ mod cube_impl {
     use burn_cubecl::CubeBackend;
 
     use super::KeysByFeatureBackend;
-    use crate::addressing::address_type;
+    use crate::cube_launch::address_type;
 
     /// Units per cube: one output element each.
     const UNITS: u32 = 256;
@@ -375,13 +375,15 @@ mod tests {
     }
 
     /// The same checks with 64-bit offsets in every kernel, as tensors of more than
-    /// `u32::MAX` elements get them (`crate::addressing`): [`cube_keys_by_feature_matches_the_tensor_operations`].
+    /// `u32::MAX` elements get them (`crate::cube_launch`):
+    /// [`cube_keys_by_feature_matches_the_tensor_operations`].
     #[cfg(feature = "cpu")]
     #[test]
     fn cube_keys_by_feature_matches_the_tensor_operations_with_64_bit_offsets() {
         assert!(
-            crate::addressing::wide::launches(cube_keys_by_feature_matches_the_tensor_operations)
-                > 0
+            crate::cube_launch::for_tests::with_wide_addresses(
+                cube_keys_by_feature_matches_the_tensor_operations
+            ) > 0
         );
     }
 

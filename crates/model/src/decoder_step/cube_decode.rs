@@ -22,9 +22,9 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 
-use super::cube_kernel::{cube_dim, fits, query_from_context, step_row, UNITS};
+use super::cube_kernel::{fits, query_from_context, step_row, UNITS};
 use super::DecodeSpan;
-use crate::addressing::address_type;
+use crate::cube_launch::{address_type, cube_dim};
 use crate::state_kernel::{choose_and_step_in_cube, step_in_cube};
 
 /// What a decode's state steps read (`demands` `[R, N]`, `capacity` `[R, 1]`, the
@@ -211,10 +211,11 @@ pub(crate) fn decode(
 
 /// Row `CUBE_POS_X`'s whole decode: the start state made in the current set (each vehicle
 /// stepped to the depot from an empty route, then with `first` = 1 to customer s + 1,
-/// rollout s of its instance: POMO's forced first step), then at each step the query from the context ([`query_from_context`]), the step
-/// ([`step_row`]), the choice and the state's step into the next set
-/// (`choose_and_step_in_cube`, noise column `first + t`), and the next set copied back,
-/// with the action (and the chosen log-probability, where asked) recorded.
+/// rollout s of its instance: POMO's forced first step), then at each step the query from
+/// the context ([`query_from_context`]), the step ([`step_row`]), the choice and the
+/// state's step into the next set (`choose_and_step_in_cube`, noise column `first + t`),
+/// and the next set copied back, with the action (and the chosen log-probability, where
+/// asked) recorded.
 #[cube(launch, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn decode_kernel<F: Float, I: Int, M: Int>(

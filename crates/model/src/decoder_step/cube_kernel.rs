@@ -24,12 +24,12 @@ use burn::tensor::Shape;
 // The `cube` macro's expansion names the `cubecl` crate: Burn's re-export of it.
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
-use burn_cubecl::cubecl::{CubeCount, CubeDim};
+use burn_cubecl::cubecl::CubeCount;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 
-use crate::addressing::address_type;
+use crate::cube_launch::{address_type, cube_dim};
 
 /// Units per cube (one row) on a GPU: a multiple of the warp, and past CVRP50's 51 nodes
 /// two passes over the nodes at most up to CVRP100.
@@ -39,17 +39,6 @@ pub(super) const UNITS: u32 = 64;
 /// another, so the parallelism is within a row, mostly the instance's `3·N·d` gradient
 /// entries.
 const BACKWARD_UNITS: u32 = 256;
-
-/// `units`, or fewer where the runtime runs fewer at once: CubeCL's CPU runtime gives each
-/// unit of a cube with barriers its own thread and spins at `sync_cube`, so more units
-/// than cores (2 here) made a step take minutes.
-pub(crate) fn cube_dim(client: &cubecl::client::Client, units: u32) -> CubeDim {
-    CubeDim::new_1d(
-        units
-            .min(client.properties().hardware.max_units_per_cube)
-            .max(1),
-    )
-}
 
 /// Units that share a head's softmax max (at most the head's size, so that the parts fit
 /// in the glimpse's `d` floats).

@@ -24,8 +24,6 @@ mod cube_kernel;
 mod flex_kernel;
 
 pub(crate) use by_feature::keys_by_feature;
-#[cfg(any(feature = "cuda", feature = "cpu"))]
-pub(crate) use cube_kernel::cube_dim;
 
 use burn::tensor::{Bool, Device, Tensor};
 

@@ -363,11 +363,16 @@ mod tests {
     }
 
     /// The same checks with 64-bit offsets in every kernel, as tensors of more than
-    /// `u32::MAX` elements get them (`crate::addressing`): [`cube_self_attention_matches_op_by_op`].
+    /// `u32::MAX` elements get them (`crate::cube_launch`):
+    /// [`cube_self_attention_matches_op_by_op`].
     #[cfg(feature = "cpu")]
     #[test]
     fn cube_self_attention_matches_op_by_op_with_64_bit_offsets() {
-        assert!(crate::addressing::wide::launches(cube_self_attention_matches_op_by_op) > 0);
+        assert!(
+            crate::cube_launch::for_tests::with_wide_addresses(
+                cube_self_attention_matches_op_by_op
+            ) > 0
+        );
     }
 
     /// The CubeCL kernels on CubeCL's CPU runtime, against the op-by-op form on the same
