@@ -1200,11 +1200,11 @@ mod tests {
     /// against the decode that scores each step as it goes: the same tours, the same
     /// log-likelihoods, and the same gradients of every parameter the decoder and encoder
     /// have, single- and multi-start (POMO's forced first step unscored).
-    fn assert_scored_at_once_matches_step_by_step(device: &Device) {
+    fn assert_scored_at_once_matches_step_by_step(device: &Device, n: usize) {
         use burn::module::Module;
         use routeburn_data::{Generator, InstanceRng};
         let model = small_model(device);
-        let batch = Generator::uniform(9).sample_batch(&mut InstanceRng::new(3), 5);
+        let batch = Generator::uniform(n).sample_batch(&mut InstanceRng::new(3), 5);
         for multi_start in [false, true] {
             let options = DecodeOptions::sample(1.0).with_multi_start(multi_start);
             let shape = crate::NoiseShape {
@@ -1262,7 +1262,7 @@ mod tests {
     #[test]
     fn scored_at_once_matches_step_by_step() {
         let device = Backend::first_on_host().unwrap().device().unwrap();
-        assert_scored_at_once_matches_step_by_step(&device.autodiff());
+        assert_scored_at_once_matches_step_by_step(&device.autodiff(), 9);
     }
 
     /// The same checks with 64-bit offsets in every kernel, as tensors of more than
@@ -1286,7 +1286,20 @@ mod tests {
         let _alone = crate::test_values::one_cube_test_at_a_time();
         let device = Backend::Cpu.device().unwrap().autodiff();
         assert!(trains_through_cubecl(&device));
-        assert_scored_at_once_matches_step_by_step(&device);
+        assert_scored_at_once_matches_step_by_step(&device, 9);
+    }
+
+    /// [`cube_scored_at_once_matches_step_by_step`] with more units a cube than the
+    /// instances have nodes, as on a GPU (see [`cube_step_matches_op_by_op_with_idle_units`]):
+    /// the sampling pass's record of what each step met, and the backward.
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn cube_scored_at_once_matches_step_by_step_with_idle_units() {
+        let given = crate::cube_launch::for_tests::with_units(4, || {
+            let device = Backend::Cpu.device().unwrap().autodiff();
+            assert_scored_at_once_matches_step_by_step(&device, 2);
+        });
+        assert!(given > 0);
     }
 
     /// The same checks with 64-bit offsets in every kernel, as tensors of more than
