@@ -1044,18 +1044,10 @@ mod tests {
         });
     }
 
-    /// The same checks with 64-bit offsets in every kernel, as tensors of more than
-    /// `u32::MAX` elements get them (`crate::cube_launch`):
-    /// [`cube_step_matches_op_by_op_on_cubecl_cpu`].
     #[cfg(feature = "cpu")]
-    #[test]
-    fn cube_step_matches_op_by_op_on_cubecl_cpu_with_64_bit_offsets() {
-        assert!(
-            crate::cube_launch::for_tests::with_wide_addresses(
-                cube_step_matches_op_by_op_on_cubecl_cpu
-            ) > 0
-        );
-    }
+    crate::cube_launch::for_tests::test_with_64_bit_offsets!(
+        cube_step_matches_op_by_op_on_cubecl_cpu
+    );
 
     /// The CubeCL kernels on CubeCL's CPU runtime against the op-by-op form on the same
     /// device, log-probabilities and every input's gradient: every mask kind, one and
@@ -1265,18 +1257,10 @@ mod tests {
         assert_scored_at_once_matches_step_by_step(&device.autodiff(), 9);
     }
 
-    /// The same checks with 64-bit offsets in every kernel, as tensors of more than
-    /// `u32::MAX` elements get them (`crate::cube_launch`):
-    /// [`cube_scored_at_once_matches_step_by_step`].
     #[cfg(feature = "cpu")]
-    #[test]
-    fn cube_scored_at_once_matches_step_by_step_with_64_bit_offsets() {
-        assert!(
-            crate::cube_launch::for_tests::with_wide_addresses(
-                cube_scored_at_once_matches_step_by_step
-            ) > 0
-        );
-    }
+    crate::cube_launch::for_tests::test_with_64_bit_offsets!(
+        cube_scored_at_once_matches_step_by_step
+    );
 
     /// [`assert_scored_at_once_matches_step_by_step`] on CubeCL's CPU runtime, where a
     /// training decode takes the scored form by itself.
@@ -1302,18 +1286,10 @@ mod tests {
         assert!(given > 0);
     }
 
-    /// The same checks with 64-bit offsets in every kernel, as tensors of more than
-    /// `u32::MAX` elements get them (`crate::cube_launch`):
-    /// [`cube_decode_in_one_launch_matches_step_by_step`].
     #[cfg(feature = "cpu")]
-    #[test]
-    fn cube_decode_in_one_launch_matches_step_by_step_with_64_bit_offsets() {
-        assert!(
-            crate::cube_launch::for_tests::with_wide_addresses(
-                cube_decode_in_one_launch_matches_step_by_step
-            ) > 0
-        );
-    }
+    crate::cube_launch::for_tests::test_with_64_bit_offsets!(
+        cube_decode_in_one_launch_matches_step_by_step
+    );
 
     /// [`cube_decode_in_one_launch_matches_step_by_step`] with more units a cube than the
     /// instances have nodes, as on a GPU (see [`cube_step_matches_op_by_op_with_idle_units`]).

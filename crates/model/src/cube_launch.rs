@@ -72,6 +72,24 @@ pub(crate) mod for_tests {
         })
     }
 
+    /// Declares the test `<test>::with_64_bit_offsets`, which runs the test named with
+    /// every kernel given 64-bit offsets, as tensors of more than `u32::MAX` elements get
+    /// them: the kernels' index arithmetic in 64 bits, on tensors small enough for a test.
+    macro_rules! test_with_64_bit_offsets {
+        ($test:ident) => {
+            mod $test {
+                #[doc = concat!("[`super::", stringify!($test), "`] with 64-bit offsets.")]
+                #[test]
+                fn with_64_bit_offsets() {
+                    let test = super::$test;
+                    let given = crate::cube_launch::for_tests::with_wide_addresses(test);
+                    assert!(given > 0, "no kernel took 64-bit offsets");
+                }
+            }
+        };
+    }
+    pub(crate) use test_with_64_bit_offsets;
+
     /// Runs `f` (a test) with every kernel given 64-bit offsets; the number of kernels it
     /// launched.
     pub(crate) fn with_wide_addresses(f: impl FnOnce()) -> usize {

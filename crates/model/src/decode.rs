@@ -479,18 +479,10 @@ mod tests {
         assert_eq!(picked, [0, 0, 0, 2, 2, 3, 3]);
     }
 
-    /// The same checks with 64-bit offsets in every kernel, as tensors of more than
-    /// `u32::MAX` elements get them (`crate::cube_launch`):
-    /// [`cube_state_kernel_chooses_as_the_op_by_op_forms`].
     #[cfg(feature = "cpu")]
-    #[test]
-    fn cube_state_kernel_chooses_as_the_op_by_op_forms_with_64_bit_offsets() {
-        assert!(
-            crate::cube_launch::for_tests::with_wide_addresses(
-                cube_state_kernel_chooses_as_the_op_by_op_forms
-            ) > 0
-        );
-    }
+    crate::cube_launch::for_tests::test_with_64_bit_offsets!(
+        cube_state_kernel_chooses_as_the_op_by_op_forms
+    );
 
     /// On CubeCL's CPU runtime the state kernel chooses as the op-by-op forms do (Burn's
     /// `argmax`, the inverse CDF CubeCL devices used before it), at every step of walks

@@ -534,17 +534,9 @@ mod tests {
         }
     }
 
-    /// The same checks with 64-bit offsets in every kernel, as tensors of more than
-    /// `u32::MAX` elements get them (`crate::cube_launch`):
-    /// [`cube_embedding_matches_the_linear_layers_with_gradients`].
-    #[test]
-    fn cube_embedding_matches_the_linear_layers_with_gradients_with_64_bit_offsets() {
-        assert!(
-            crate::cube_launch::for_tests::with_wide_addresses(
-                cube_embedding_matches_the_linear_layers_with_gradients
-            ) > 0
-        );
-    }
+    crate::cube_launch::for_tests::test_with_64_bit_offsets!(
+        cube_embedding_matches_the_linear_layers_with_gradients
+    );
 
     /// On CubeCL's CPU runtime the embedding kernels against the encoder's linear layers in
     /// Burn's operations on the same device: the rows, and the gradients of both weights

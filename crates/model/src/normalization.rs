@@ -812,18 +812,10 @@ mod tests {
         assert_fused_matches_burns(Backend::Flex, sizes, names, outputs);
     }
 
-    /// The same checks with 64-bit offsets in every kernel, as tensors of more than
-    /// `u32::MAX` elements get them (`crate::cube_launch`):
-    /// [`cube_batch_norm_matches_burns_with_gradients_and_running_statistics`].
     #[cfg(feature = "cpu")]
-    #[test]
-    fn cube_batch_norm_matches_burns_with_gradients_and_running_statistics_with_64_bit_offsets() {
-        assert!(
-            crate::cube_launch::for_tests::with_wide_addresses(
-                cube_batch_norm_matches_burns_with_gradients_and_running_statistics
-            ) > 0
-        );
-    }
+    crate::cube_launch::for_tests::test_with_64_bit_offsets!(
+        cube_batch_norm_matches_burns_with_gradients_and_running_statistics
+    );
 
     /// The CubeCL kernels on CubeCL's CPU runtime, against Burn's batch norm there.
     #[cfg(feature = "cpu")]
@@ -972,18 +964,10 @@ mod tests {
         assert_fused_matches_burns(Backend::Flex, sizes, names, instance_outputs);
     }
 
-    /// The same checks with 64-bit offsets in every kernel, as tensors of more than
-    /// `u32::MAX` elements get them (`crate::cube_launch`):
-    /// [`cube_instance_norm_matches_burns_with_gradients`].
     #[cfg(feature = "cpu")]
-    #[test]
-    fn cube_instance_norm_matches_burns_with_gradients_with_64_bit_offsets() {
-        assert!(
-            crate::cube_launch::for_tests::with_wide_addresses(
-                cube_instance_norm_matches_burns_with_gradients
-            ) > 0
-        );
-    }
+    crate::cube_launch::for_tests::test_with_64_bit_offsets!(
+        cube_instance_norm_matches_burns_with_gradients
+    );
 
     /// The CubeCL kernels on CubeCL's CPU runtime, against Burn's instance norm there.
     #[cfg(feature = "cpu")]

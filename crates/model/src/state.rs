@@ -570,17 +570,8 @@ mod tests {
         }
     }
 
-    /// The same checks with 64-bit offsets in every kernel, as tensors of more than
-    /// `u32::MAX` elements get them (`crate::cube_launch`):
-    /// [`cube_state_kernel_matches_op_by_op`].
     #[cfg(feature = "cpu")]
-    #[test]
-    fn cube_state_kernel_matches_op_by_op_with_64_bit_offsets() {
-        assert!(
-            crate::cube_launch::for_tests::with_wide_addresses(cube_state_kernel_matches_op_by_op)
-                > 0
-        );
-    }
+    crate::cube_launch::for_tests::test_with_64_bit_offsets!(cube_state_kernel_matches_op_by_op);
 
     /// On CubeCL's CPU runtime the 0/1 form steps through the state kernel
     /// (`state_kernel`), which makes the next mask with the step: the same masks, loads

@@ -374,18 +374,10 @@ mod tests {
         assert_matches_the_tensor_operations(&device);
     }
 
-    /// The same checks with 64-bit offsets in every kernel, as tensors of more than
-    /// `u32::MAX` elements get them (`crate::cube_launch`):
-    /// [`cube_keys_by_feature_matches_the_tensor_operations`].
     #[cfg(feature = "cpu")]
-    #[test]
-    fn cube_keys_by_feature_matches_the_tensor_operations_with_64_bit_offsets() {
-        assert!(
-            crate::cube_launch::for_tests::with_wide_addresses(
-                cube_keys_by_feature_matches_the_tensor_operations
-            ) > 0
-        );
-    }
+    crate::cube_launch::for_tests::test_with_64_bit_offsets!(
+        cube_keys_by_feature_matches_the_tensor_operations
+    );
 
     /// The CubeCL kernel, on CubeCL's CPU runtime.
     #[cfg(feature = "cpu")]

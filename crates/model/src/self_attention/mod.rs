@@ -362,18 +362,8 @@ mod tests {
         assert_fused_matches_op_by_op(&device);
     }
 
-    /// The same checks with 64-bit offsets in every kernel, as tensors of more than
-    /// `u32::MAX` elements get them (`crate::cube_launch`):
-    /// [`cube_self_attention_matches_op_by_op`].
     #[cfg(feature = "cpu")]
-    #[test]
-    fn cube_self_attention_matches_op_by_op_with_64_bit_offsets() {
-        assert!(
-            crate::cube_launch::for_tests::with_wide_addresses(
-                cube_self_attention_matches_op_by_op
-            ) > 0
-        );
-    }
+    crate::cube_launch::for_tests::test_with_64_bit_offsets!(cube_self_attention_matches_op_by_op);
 
     /// The CubeCL kernels on CubeCL's CPU runtime, against the op-by-op form on the same
     /// device. Runs where the `cpu` feature is built (`cargo xtask test-cpu cube_`).
