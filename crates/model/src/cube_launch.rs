@@ -33,8 +33,8 @@ pub(crate) fn address_type<'a>(tensors: impl IntoIterator<Item = &'a CubeTensor>
         .max()
         .unwrap_or_default();
     #[cfg(all(test, feature = "cpu"))]
-    if let Some(needed) = for_tests::instead(needed) {
-        return needed;
+    if let Some(wide) = for_tests::wide_instead() {
+        return wide;
     }
     needed
 }
@@ -56,7 +56,7 @@ pub(crate) mod for_tests {
     static GIVEN: AtomicUsize = AtomicUsize::new(0);
 
     /// `U64` (counted) while [`with_wide_addresses`] runs.
-    pub(super) fn instead(_needed: AddressType) -> Option<AddressType> {
+    pub(super) fn wide_instead() -> Option<AddressType> {
         WIDE.load(Ordering::SeqCst).then(|| {
             GIVEN.fetch_add(1, Ordering::SeqCst);
             AddressType::U64

@@ -265,9 +265,7 @@ impl StepOutputs {
             dtypes: [float, int, boolean].map(dtype_to_storage_type),
         }
     }
-}
 
-impl StepOutputs {
     /// The address type of a launch with `inputs` and these outputs.
     fn address_type<const K: usize>(&self, inputs: [&CubeTensor; K]) -> AddressType {
         let outputs = [&self.used, &self.served, &self.mask, &self.remaining];
