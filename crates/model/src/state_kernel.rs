@@ -279,6 +279,54 @@ fn empty_beside(tensor: &CubeTensor, shape: [usize; 2], dtype: DType) -> CubeTen
     empty_device_contiguous_dtype(client, device, Shape::new(shape), dtype)
 }
 
+/// What a row's step reads beside its state: the rows' demands `[R, N]` and capacities
+/// `[R, 1]`, and the tolerance of the capacity test (as `crate::state::Loads`).
+#[derive(CubeType)]
+pub(crate) struct Loads<'a, F: Float> {
+    pub demands: &'a Tensor<F>,
+    pub capacity: &'a Tensor<F>,
+    pub tolerance: f32,
+}
+
+/// One set of a state's tensors, as a step writes them: the load `[R, 1]`, the served
+/// flags and mask `[R, N]`, and the remaining capacity fraction `[R, 1]`. A decode keeps
+/// two, the current and the next.
+#[derive(CubeType)]
+pub(crate) struct StateSet<'a, F: Float, M: Int> {
+    pub used: &'a mut Tensor<F>,
+    pub served: &'a mut Tensor<F>,
+    pub mask: &'a mut Tensor<M>,
+    pub remaining: &'a mut Tensor<F>,
+}
+
+#[cube]
+impl<'a, F: Float> Loads<'a, F> {
+    pub fn new(demands: &'a Tensor<F>, capacity: &'a Tensor<F>, tolerance: f32) -> Self {
+        Loads::<'a, F> {
+            demands,
+            capacity,
+            tolerance,
+        }
+    }
+}
+
+#[cube]
+impl<'a, F: Float, M: Int> StateSet<'a, F, M> {
+    pub fn new(
+        used: &'a mut Tensor<F>,
+        served: &'a mut Tensor<F>,
+        mask: &'a mut Tensor<M>,
+        remaining: &'a mut Tensor<F>,
+    ) -> Self {
+        StateSet::<'a, F, M> {
+            used,
+            served,
+            mask,
+            remaining,
+        }
+    }
+}
+
 /// Every tensor contiguous, row-major: row `r` of an `[R, N]` tensor starts at `r · N`.
 #[cube(launch, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
@@ -299,28 +347,18 @@ fn state_step_kernel<F: Float, I: Int, M: Int>(
 ) {
     let row = (CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X) as usize;
     if row < row_count as usize {
+        let loads = Loads::new(demands, capacity, tolerance);
+        let mut out = StateSet::new(used_out, served_out, mask_out, remaining_out);
         let to = usize::cast_from(action[row]);
-        step_row(
-            to,
-            row,
-            node_count as usize,
-            demands,
-            capacity,
-            used,
-            served,
-            used_out,
-            served_out,
-            mask_out,
-            remaining_out,
-            tolerance,
-        );
+        step_row(to, row, node_count as usize, &loads, used, served, &mut out);
     }
 }
 
 /// The choice, as the op-by-op forms make it: the first of the largest log-probabilities
 /// (Burn's `argmax`), or the number of nodes whose running sum of probabilities, summed in
 /// node order, is below `uniform · total` (at most the last node), the uniform at
-/// `noise[row · noise_width + column]`.
+/// `noise[row · noise_width + column]`; then the row's step to the chosen node
+/// ([`step_row`]).
 #[cube(launch, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn choose_and_step_kernel<F: Float, I: Int, M: Int>(
@@ -345,69 +383,14 @@ fn choose_and_step_kernel<F: Float, I: Int, M: Int>(
 ) {
     let row = (CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X) as usize;
     if row < row_count as usize {
-        choose_and_step_row(
-            log_p,
-            noise,
-            row,
-            node_count as usize,
-            sample,
-            noise_width as usize,
-            column as usize,
-            demands,
-            capacity,
-            used,
-            served,
-            action_out,
-            used_out,
-            served_out,
-            mask_out,
-            remaining_out,
-            tolerance,
-        );
+        let nodes = node_count as usize;
+        let loads = Loads::new(demands, capacity, tolerance);
+        let mut out = StateSet::new(used_out, served_out, mask_out, remaining_out);
+        let uniform = noise[row * noise_width as usize + column as usize];
+        let to = choose_row(log_p, row * nodes, nodes, sample, uniform);
+        action_out[row] = I::cast_from(to);
+        step_row(to, row, nodes, &loads, used, served, &mut out);
     }
-}
-
-/// Row `row`'s choice from its log-probabilities (as [`choose_and_step_kernel`] says, the
-/// uniform at `noise[row · noise_width + column]`), written to `action_out`, and its step
-/// to the chosen node ([`step_row`]).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn choose_and_step_row<F: Float, I: Int, M: Int>(
-    log_p: &Tensor<F>,
-    noise: &Tensor<F>,
-    row: usize,
-    nodes: usize,
-    sample: u32,
-    noise_width: usize,
-    column: usize,
-    demands: &Tensor<F>,
-    capacity: &Tensor<F>,
-    used: &Tensor<F>,
-    served: &Tensor<F>,
-    action_out: &mut Tensor<I>,
-    used_out: &mut Tensor<F>,
-    served_out: &mut Tensor<F>,
-    mask_out: &mut Tensor<M>,
-    remaining_out: &mut Tensor<F>,
-    tolerance: f32,
-) {
-    let uniform = noise[row * noise_width + column];
-    let to = choose_row(log_p, row * nodes, nodes, sample, uniform);
-    action_out[row] = I::cast_from(to);
-    step_row(
-        to,
-        row,
-        nodes,
-        demands,
-        capacity,
-        used,
-        served,
-        used_out,
-        served_out,
-        mask_out,
-        remaining_out,
-        tolerance,
-    );
 }
 
 /// The node a row chooses from its `nodes` log-probabilities at `log_p[first..]`, as
@@ -453,34 +436,26 @@ fn choose_row<F: Float>(
 
 /// One row's step to node `to`: its new load, served flags and remaining capacity
 /// fraction (`(capacity − load) / capacity`, as `CvrpState::remaining_capacity_fraction`),
-/// and the next mask.
+/// and the next mask, into `out`; `used` and `served` are the row's state before it.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn step_row<F: Float, M: Int>(
     to: usize,
     row: usize,
     nodes: usize,
-    demands: &Tensor<F>,
-    capacity: &Tensor<F>,
+    loads: &Loads<F>,
     used: &Tensor<F>,
     served: &Tensor<F>,
-    used_out: &mut Tensor<F>,
-    served_out: &mut Tensor<F>,
-    mask_out: &mut Tensor<M>,
-    remaining_out: &mut Tensor<F>,
-    tolerance: f32,
+    out: &mut StateSet<F, M>,
 ) {
     let first = row * nodes;
-    let load = load_after(to, row, nodes, demands, used);
-    write_load(row, load, capacity, used_out, remaining_out);
-    let limit = capacity[row] + F::cast_from(tolerance);
+    let load = load_after(to, row, nodes, loads.demands, used);
+    write_load(row, load, loads.capacity, out);
+    let limit = loads.capacity[row] + F::cast_from(loads.tolerance);
     let mut open = 0u32;
     for node in 0..nodes {
-        open += step_node(
-            node, to, first, load, limit, demands, served, served_out, mask_out,
-        );
+        open += step_node(node, to, first, load, limit, loads.demands, served, out);
     }
-    write_depot_flag(to, first, open > 0u32, mask_out);
+    write_depot_flag(to, first, open > 0u32, out);
 }
 
 /// Row `row`'s load after its step to `to`: `used + demand[to]`, 0 at the depot.
@@ -501,15 +476,14 @@ fn load_after<F: Float>(
 
 /// The row's new load and its remaining capacity fraction.
 #[cube]
-fn write_load<F: Float>(
+fn write_load<F: Float, M: Int>(
     row: usize,
     load: F,
     capacity: &Tensor<F>,
-    used_out: &mut Tensor<F>,
-    remaining_out: &mut Tensor<F>,
+    out: &mut StateSet<F, M>,
 ) {
-    used_out[row] = load;
-    remaining_out[row] = (capacity[row] - load) / capacity[row];
+    out.used[row] = load;
+    out.remaining[row] = (capacity[row] - load) / capacity[row];
 }
 
 /// Node `node`'s served flag after the row's step to `to`, and for a customer its mask
@@ -525,14 +499,13 @@ fn step_node<F: Float, M: Int>(
     limit: F,
     demands: &Tensor<F>,
     served: &Tensor<F>,
-    served_out: &mut Tensor<F>,
-    mask_out: &mut Tensor<M>,
+    out: &mut StateSet<F, M>,
 ) -> u32 {
     let mut was_served = served[first + node];
     if node == to {
         was_served = F::new(1.0);
     }
-    served_out[first + node] = was_served;
+    out.served[first + node] = was_served;
     let mut open = 0u32;
     if node > 0 {
         let closed = was_served > F::new(0.5) || demands[first + node] + load > limit;
@@ -542,7 +515,7 @@ fn step_node<F: Float, M: Int>(
         } else {
             open = 1u32;
         }
-        mask_out[first + node] = M::cast_from(flag);
+        out.mask[first + node] = M::cast_from(flag);
     }
     open
 }
@@ -550,26 +523,32 @@ fn step_node<F: Float, M: Int>(
 /// The depot's mask entry: shut when the row stands at the depot with a customer left
 /// open (`any_open`), so that it does not wait there.
 #[cube]
-fn write_depot_flag<M: Int>(to: usize, first: usize, any_open: bool, mask_out: &mut Tensor<M>) {
+fn write_depot_flag<F: Float, M: Int>(
+    to: usize,
+    first: usize,
+    any_open: bool,
+    out: &mut StateSet<F, M>,
+) {
     let mut depot_flag = 0u32;
     if to == 0 && any_open {
         depot_flag = 1u32;
     }
-    mask_out[first] = M::cast_from(depot_flag);
+    out.mask[first] = M::cast_from(depot_flag);
 }
 
-/// [`choose_and_step_row`] for a cube's row by all its units, from the row's `nodes`
-/// log-probabilities in shared memory (`log_p`, as f32: exact for every float type, −∞ at
-/// closed nodes), with `scratch` (at least `room` floats, and `nodes`) to work in. The
-/// choices are the serial one's: the argmax's parts each keep the first of their largest
-/// and are joined taking the lower node among equals, and the sampled choice's sums run in
-/// node order, by the first unit, over exponentials the units make in the tensors' float
-/// type. On a GPU one unit's loop over the row's nodes in the device's memory was hundreds
-/// of dependent reads while the cube's other units waited; here the units share the
-/// nodes and read shared memory.
+/// The choice [`choose_and_step_kernel`] makes, for a cube's row by all its units, from
+/// the row's `nodes` log-probabilities in shared memory (`log_p`, as f32: exact for every
+/// float type, −∞ at closed nodes), with `scratch` (at least `room` floats, and `nodes`) to
+/// work in. Returns it, and leaves it in `chosen[0]` with `chosen[1]` cleared, as
+/// [`step_in_cube`] asks of its flags. The choices are the serial one's: the argmax's
+/// parts each keep the first of their largest and are joined taking the lower node among
+/// equals, and the sampled choice's sums run in node order, by the first unit, over
+/// exponentials the units make in the tensors' float type. On a GPU one unit's loop over
+/// the row's nodes in the device's memory was hundreds of dependent reads while the
+/// cube's other units waited; here the units share the nodes and read shared memory.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn choose_and_step_in_cube<F: Float, I: Int, M: Int>(
+pub(crate) fn choose_in_cube<F: Float>(
     log_p: &Shared<[f32]>,
     scratch: &mut Shared<[f32]>,
     noise: &Tensor<F>,
@@ -578,20 +557,9 @@ pub(crate) fn choose_and_step_in_cube<F: Float, I: Int, M: Int>(
     sample: u32,
     noise_width: usize,
     column: usize,
-    demands: &Tensor<F>,
-    capacity: &Tensor<F>,
-    used: &Tensor<F>,
-    served: &Tensor<F>,
-    action_out: &mut Tensor<I>,
-    used_out: &mut Tensor<F>,
-    served_out: &mut Tensor<F>,
-    mask_out: &mut Tensor<M>,
-    remaining_out: &mut Tensor<F>,
-    tolerance: f32,
+    chosen: &mut Shared<[f32]>,
     #[comptime] room: usize,
-) {
-    // The choice, and whether a customer is left open after the step.
-    let mut chosen = Shared::new_slice(2usize);
+) -> usize {
     if sample == 1u32 {
         sampled_in_cube(
             log_p,
@@ -601,32 +569,16 @@ pub(crate) fn choose_and_step_in_cube<F: Float, I: Int, M: Int>(
             nodes,
             noise_width,
             column,
-            &mut chosen,
+            chosen,
         );
     } else {
-        argmax_in_cube(log_p, scratch, nodes, room, &mut chosen);
+        argmax_in_cube(log_p, scratch, nodes, room, chosen);
     }
     sync_cube();
-    let to = usize::cast_from(chosen[0]);
-    step_in_cube(
-        to,
-        row,
-        nodes,
-        demands,
-        capacity,
-        used,
-        served,
-        action_out,
-        used_out,
-        served_out,
-        mask_out,
-        remaining_out,
-        tolerance,
-        &mut chosen,
-    );
+    usize::cast_from(chosen[0])
 }
 
-/// [`step_row`] to `to` for a cube's row by all its units, `to` written to `action_out`:
+/// [`step_row`] to `to` for a cube's row by all its units, `to` written to `node_out`:
 /// `flags[1]`, which must read 0 when the units get here (cleared before a barrier), then
 /// says whether a customer is left open. Ends with the depot's mask entry written by the
 /// first unit after a barrier.
@@ -636,31 +588,24 @@ pub(crate) fn step_in_cube<F: Float, I: Int, M: Int>(
     to: usize,
     row: usize,
     nodes: usize,
-    demands: &Tensor<F>,
-    capacity: &Tensor<F>,
+    loads: &Loads<F>,
     used: &Tensor<F>,
     served: &Tensor<F>,
-    action_out: &mut Tensor<I>,
-    used_out: &mut Tensor<F>,
-    served_out: &mut Tensor<F>,
-    mask_out: &mut Tensor<M>,
-    remaining_out: &mut Tensor<F>,
-    tolerance: f32,
+    node_out: &mut Tensor<I>,
+    out: &mut StateSet<F, M>,
     flags: &mut Shared<[f32]>,
 ) {
     let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
     let first = row * nodes;
-    let load = load_after(to, row, nodes, demands, used);
+    let load = load_after(to, row, nodes, loads.demands, used);
     if unit == 0 {
-        action_out[row] = I::cast_from(to);
-        write_load(row, load, capacity, used_out, remaining_out);
+        node_out[row] = I::cast_from(to);
+        write_load(row, load, loads.capacity, out);
     }
-    let limit = capacity[row] + F::cast_from(tolerance);
+    let limit = loads.capacity[row] + F::cast_from(loads.tolerance);
     let mut node = unit;
     while node < nodes {
-        let open = step_node(
-            node, to, first, load, limit, demands, served, served_out, mask_out,
-        );
+        let open = step_node(node, to, first, load, limit, loads.demands, served, out);
         if open > 0u32 {
             // Every unit that writes writes 1.
             flags[1] = f32::new(1.0);
@@ -669,7 +614,7 @@ pub(crate) fn step_in_cube<F: Float, I: Int, M: Int>(
     }
     sync_cube();
     if unit == 0 {
-        write_depot_flag(to, first, flags[1] > f32::new(0.5), mask_out);
+        write_depot_flag(to, first, flags[1] > f32::new(0.5), out);
     }
 }
 

@@ -7,7 +7,7 @@
 //! launches (~30 µs of host time each on an H200, measured in session 34): here it is one.
 //!
 //! Each step is the same code as the one-step kernel's ([`query_from_context`],
-//! [`step_row`], `crate::state_kernel::choose_and_step_in_cube`), so the tours and
+//! [`step_row`], `crate::state_kernel::choose_in_cube` and `step_in_cube`), so the tours and
 //! log-likelihoods are the step-by-step decode's bit for bit. The state lives in two sets
 //! of row buffers: a step reads the current set and writes the next, which is then copied
 //! back (a row's `N + 4` values, against the step's `H·N·d` products).
@@ -25,7 +25,7 @@ use burn_cubecl::tensor::CubeTensor;
 use super::cube_kernel::{fits, query_from_context, step_row, UNITS};
 use super::DecodeSpan;
 use crate::cube_launch::{address_type, cube_dim};
-use crate::state_kernel::{choose_and_step_in_cube, step_in_cube};
+use crate::state_kernel::{choose_in_cube, step_in_cube, Loads, StateSet};
 
 /// What a decode's state steps read (`demands` `[R, N]`, `capacity` `[R, 1]`, the
 /// tolerance; as `crate::state::Loads`), the noise `[R, T]` a sampled decode reads column
@@ -212,10 +212,10 @@ pub(crate) fn decode(
 /// Row `CUBE_POS_X`'s whole decode: the start state made in the current set (each vehicle
 /// stepped to the depot from an empty route, then with `first` = 1 to customer s + 1,
 /// rollout s of its instance: POMO's forced first step), then at each step the query from
-/// the context ([`query_from_context`]), the step ([`step_row`]), the choice and the
-/// state's step into the next set (`choose_and_step_in_cube`, noise column `first + t`),
-/// and the next set copied back, with the action (and the chosen log-probability, where
-/// asked) recorded.
+/// the context ([`query_from_context`]), the step ([`step_row`]), the choice
+/// (`choose_in_cube`, noise column `first + t`) and the state's step into the next set
+/// (`step_in_cube`), and the next set copied back ([`copy_state`]), with the action (and
+/// the chosen log-probability, where asked) recorded.
 #[cube(launch, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn decode_kernel<F: Float, I: Int, M: Int>(
@@ -264,16 +264,19 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
     let nodes = node_count as usize;
     let (first, steps) = (first as usize, steps as usize);
     let width = first + steps;
+    let loads = Loads::new(demands, capacity, tolerance);
+    let mut now = StateSet::new(now_used, now_served, now_mask, now_remaining);
+    let mut next = StateSet::new(next_used, next_served, next_mask, next_remaining);
     let mut flags = Shared::new_slice(2usize);
     // Every vehicle at the depot with an empty route, stepped to the depot: the state
     // kernel's first step.
     let mut node = unit;
     while node < nodes {
-        now_served[row * nodes + node] = F::new(0.0);
+        now.served[row * nodes + node] = F::new(0.0);
         node += units;
     }
     if unit == 0 {
-        now_used[row] = F::new(0.0);
+        now.used[row] = F::new(0.0);
         log_likelihood[row] = F::new(0.0);
     }
     // POMO's row (instance i, start s) begins with customer s + 1.
@@ -288,33 +291,15 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
             to,
             row,
             nodes,
-            demands,
-            capacity,
-            &*now_used,
-            &*now_served,
+            &loads,
+            &*now.used,
+            &*now.served,
             next_node,
-            next_used,
-            next_served,
-            next_mask,
-            next_remaining,
-            tolerance,
+            &mut next,
             &mut flags,
         );
         sync_cube();
-        copy_state(
-            &*next_node,
-            &*next_used,
-            &*next_served,
-            &*next_mask,
-            &*next_remaining,
-            now_node,
-            now_used,
-            now_served,
-            now_mask,
-            now_remaining,
-            row,
-            nodes,
-        );
+        copy_state(&*next_node, &next, now_node, &mut now, row, nodes);
     }
     if unit == 0 && first == 1 {
         actions[row * width] = I::cast_from(start);
@@ -327,11 +312,11 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
         if record_seen == 1u32 {
             let mut node = unit;
             while node < nodes {
-                seen_mask[(row * steps + t) * nodes + node] = now_mask[row * nodes + node];
+                seen_mask[(row * steps + t) * nodes + node] = now.mask[row * nodes + node];
                 node += units;
             }
             if unit == 0 {
-                seen_remaining[row * steps + t] = now_remaining[row];
+                seen_remaining[row * steps + t] = now.remaining[row];
                 let instance = row / starts as usize;
                 let node = usize::cast_from(now_node[row]);
                 seen_rows[row * steps + t] = I::cast_from(instance * nodes + node);
@@ -341,7 +326,7 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
             fixed_context,
             last_node_context,
             capacity_context,
-            &*now_remaining,
+            &*now.remaining,
             &*now_node,
             query,
             starts,
@@ -351,7 +336,7 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
         step_row(
             &*query,
             by_feature,
-            &*now_mask,
+            &*now.mask,
             log_p,
             &mut attention,
             &mut logits,
@@ -364,7 +349,7 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
             padded_nodes,
         );
         sync_cube();
-        choose_and_step_in_cube(
+        let to = choose_in_cube(
             &logits,
             &mut attention,
             noise,
@@ -373,33 +358,22 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
             sample,
             noise_width as usize,
             first + t,
-            demands,
-            capacity,
-            &*now_used,
-            &*now_served,
-            next_node,
-            next_used,
-            next_served,
-            next_mask,
-            next_remaining,
-            tolerance,
+            &mut flags,
             heads * padded_nodes,
         );
-        sync_cube();
-        copy_state(
-            &*next_node,
-            &*next_used,
-            &*next_served,
-            &*next_mask,
-            &*next_remaining,
-            now_node,
-            now_used,
-            now_served,
-            now_mask,
-            now_remaining,
+        step_in_cube(
+            to,
             row,
             nodes,
+            &loads,
+            &*now.used,
+            &*now.served,
+            next_node,
+            &mut next,
+            &mut flags,
         );
+        sync_cube();
+        copy_state(&*next_node, &next, now_node, &mut now, row, nodes);
         if unit == 0 {
             let to = next_node[row];
             actions[row * width + first + t] = to;
@@ -412,34 +386,27 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
     }
 }
 
-/// Row `row`'s state in the `from` tensors copied into the `to` tensors: its served flags
-/// and mask (`[R, N]`) by the cube's units, its node, load and remaining capacity fraction
-/// (`[R, 1]`) by the first unit.
+/// Row `row`'s state in the `from` set (and `from_node`) copied into the `to` set (and
+/// `to_node`): its served flags and mask (`[R, N]`) by the cube's units, its node, load and
+/// remaining capacity fraction (`[R, 1]`) by the first unit.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn copy_state<F: Float, I: Int, M: Int>(
     from_node: &Tensor<I>,
-    from_used: &Tensor<F>,
-    from_served: &Tensor<F>,
-    from_mask: &Tensor<M>,
-    from_remaining: &Tensor<F>,
+    from: &StateSet<F, M>,
     to_node: &mut Tensor<I>,
-    to_used: &mut Tensor<F>,
-    to_served: &mut Tensor<F>,
-    to_mask: &mut Tensor<M>,
-    to_remaining: &mut Tensor<F>,
+    to: &mut StateSet<F, M>,
     row: usize,
     nodes: usize,
 ) {
     let mut node = UNIT_POS_X as usize;
     while node < nodes {
-        to_served[row * nodes + node] = from_served[row * nodes + node];
-        to_mask[row * nodes + node] = from_mask[row * nodes + node];
+        to.served[row * nodes + node] = from.served[row * nodes + node];
+        to.mask[row * nodes + node] = from.mask[row * nodes + node];
         node += CUBE_DIM_X as usize;
     }
     if UNIT_POS_X == 0 {
         to_node[row] = from_node[row];
-        to_used[row] = from_used[row];
-        to_remaining[row] = from_remaining[row];
+        to.used[row] = from.used[row];
+        to.remaining[row] = from.remaining[row];
     }
 }
