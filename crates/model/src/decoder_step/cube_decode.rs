@@ -213,9 +213,9 @@ pub(crate) fn decode(
 /// stepped to the depot from an empty route, then with `first` = 1 to customer s + 1,
 /// rollout s of its instance: POMO's forced first step), then at each step the query from
 /// the context ([`query_from_context`]), the step ([`step_row`]), the choice
-/// (`choose_in_cube`, noise column `first + t`) and the state's step into the next set
-/// (`step_in_cube`), and the next set copied back ([`copy_state`]), with the action (and
-/// the chosen log-probability, where asked) recorded.
+/// (`choose_in_cube`, noise column `first + t`), the state's step into the next set
+/// and the next set copied back ([`step_and_copy_back`]), with the action (and the chosen
+/// log-probability, where asked) recorded.
 #[cube(launch, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn decode_kernel<F: Float, I: Int, M: Int>(
@@ -287,19 +287,9 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
             flags[1] = f32::new(0.0);
         }
         sync_cube();
-        step_in_cube(
-            to,
-            row,
-            nodes,
-            &loads,
-            &*now.used,
-            &*now.served,
-            next_node,
-            &mut next,
-            &mut flags,
+        step_and_copy_back(
+            to, row, nodes, &loads, now_node, &mut now, next_node, &mut next, &mut flags,
         );
-        sync_cube();
-        copy_state(&*next_node, &next, now_node, &mut now, row, nodes);
     }
     if unit == 0 && first == 1 {
         actions[row * width] = I::cast_from(start);
@@ -361,19 +351,9 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
             &mut flags,
             heads * padded_nodes,
         );
-        step_in_cube(
-            to,
-            row,
-            nodes,
-            &loads,
-            &*now.used,
-            &*now.served,
-            next_node,
-            &mut next,
-            &mut flags,
+        step_and_copy_back(
+            to, row, nodes, &loads, now_node, &mut now, next_node, &mut next, &mut flags,
         );
-        sync_cube();
-        copy_state(&*next_node, &next, now_node, &mut now, row, nodes);
         if unit == 0 {
             let to = next_node[row];
             actions[row * width + first + t] = to;
@@ -384,6 +364,37 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
         }
         sync_cube();
     }
+}
+
+/// The row's step to `to` from the current set into the next ([`step_in_cube`], with its
+/// `flags`), and after a barrier the next set copied back into the current one
+/// ([`copy_state`]).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn step_and_copy_back<F: Float, I: Int, M: Int>(
+    to: usize,
+    row: usize,
+    nodes: usize,
+    loads: &Loads<F>,
+    now_node: &mut Tensor<I>,
+    now: &mut StateSet<F, M>,
+    next_node: &mut Tensor<I>,
+    next: &mut StateSet<F, M>,
+    flags: &mut Shared<[f32]>,
+) {
+    step_in_cube(
+        to,
+        row,
+        nodes,
+        loads,
+        &*now.used,
+        &*now.served,
+        next_node,
+        next,
+        flags,
+    );
+    sync_cube();
+    copy_state(&*next_node, &*next, now_node, now, row, nodes);
 }
 
 /// Row `row`'s state in the `from` set (and `from_node`) copied into the `to` set (and
