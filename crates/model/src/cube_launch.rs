@@ -14,9 +14,9 @@ use burn_cubecl::cubecl::prelude::AddressType;
 use burn_cubecl::cubecl::CubeDim;
 use burn_cubecl::tensor::CubeTensor;
 
-/// `units`, or fewer where the runtime runs fewer at once: CubeCL's CPU runtime gives each
-/// unit of a cube with barriers its own thread and spins at `sync_cube`, so more units
-/// than cores (2 here) made a step take minutes.
+/// Every kernel's cube: `units`, or fewer where the runtime runs fewer at once. CubeCL's
+/// CPU runtime gives each unit of a cube with barriers its own thread and spins at
+/// `sync_cube`, so more units than cores (2 here) made a step take minutes.
 pub(crate) fn cube_dim(client: &cubecl::client::Client, units: u32) -> CubeDim {
     let most = client.properties().hardware.max_units_per_cube;
     #[cfg(all(test, feature = "cpu"))]
@@ -96,8 +96,8 @@ pub(crate) mod for_tests {
         with(|| WIDE.store(true, Ordering::SeqCst), f)
     }
 
-    /// Runs `f` (a test) with up to `units` units a cube in the kernels with barriers; the
-    /// number of them it launched.
+    /// Runs `f` (a test) with up to `units` units a cube in every kernel; the number of
+    /// kernels it launched.
     pub(crate) fn with_units(units: u32, f: impl FnOnce()) -> usize {
         with(|| UNITS.store(units, Ordering::SeqCst), f)
     }

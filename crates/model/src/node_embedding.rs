@@ -289,7 +289,7 @@ mod kernel {
     // The `cube` macro's expansion names the `cubecl` crate: Burn's re-export of it.
     use burn_cubecl::cubecl;
     use burn_cubecl::cubecl::prelude::*;
-    use burn_cubecl::cubecl::{calculate_cube_count_elemwise, CubeCount, CubeDim};
+    use burn_cubecl::cubecl::{calculate_cube_count_elemwise, CubeCount};
     use burn_cubecl::kernel::into_contiguous;
     use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
     use burn_cubecl::tensor::CubeTensor;
@@ -323,10 +323,7 @@ mod kernel {
         let out = empty(&depot_weight, Shape::new([b * n, d]));
         let elements = b * n * d;
         let client = out.client.clone();
-        let units = UNITS
-            .min(client.properties().hardware.max_units_per_cube)
-            .max(1);
-        let cubes = CubeDim::new_1d(units);
+        let cubes = cube_dim(&client, UNITS);
         let addresses = address_type([
             &coords,
             &demands,

@@ -249,17 +249,15 @@ impl StepOutputs {
     fn for_rows_of(served: &CubeTensor, int: DType, boolean: DType) -> Self {
         let [rows, nodes] = served.meta.shape().dims::<2>();
         let float = served.dtype;
-        let units = UNITS
-            .min(served.client.properties().hardware.max_units_per_cube)
-            .max(1);
+        let dim = crate::cube_launch::cube_dim(&served.client, UNITS);
         Self {
             client: served.client.clone(),
             used: empty_beside(served, [rows, 1], float),
             served: empty_beside(served, [rows, nodes], float),
             mask: empty_beside(served, [rows, nodes], boolean),
             remaining: empty_beside(served, [rows, 1], float),
-            count: CubeCount::Static((rows as u32).div_ceil(units).max(1), 1, 1),
-            dim: CubeDim::new_1d(units),
+            count: CubeCount::Static((rows as u32).div_ceil(dim.x).max(1), 1, 1),
+            dim,
             rows: rows as u32,
             nodes: nodes as u32,
             dtypes: [float, int, boolean].map(dtype_to_storage_type),

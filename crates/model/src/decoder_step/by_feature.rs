@@ -176,13 +176,13 @@ mod cube_impl {
     use burn::backend::tensor::FloatTensor;
     use burn::tensor::Shape;
     use burn_cubecl::cubecl;
+    use burn_cubecl::cubecl::calculate_cube_count_elemwise;
     use burn_cubecl::cubecl::prelude::*;
-    use burn_cubecl::cubecl::{calculate_cube_count_elemwise, CubeDim};
     use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
     use burn_cubecl::CubeBackend;
 
     use super::KeysByFeatureBackend;
-    use crate::cube_launch::address_type;
+    use crate::cube_launch::{address_type, cube_dim};
 
     /// Units per cube: one output element each.
     const UNITS: u32 = 256;
@@ -203,10 +203,7 @@ mod cube_impl {
                 second.dtype,
             );
             let elements = b * 3 * d * np;
-            let units = UNITS
-                .min(client.properties().hardware.max_units_per_cube)
-                .max(1);
-            let cubes = CubeDim::new_1d(units);
+            let cubes = cube_dim(&client, UNITS);
             let addresses = address_type([&first, &second, &third, &out]);
             by_feature_kernel::launch(
                 &client,
