@@ -14,6 +14,7 @@
 //! a coordinate or weight line and a demand line), and an explicit weight section must
 //! hold its count of numbers before the matrix is built.
 
+use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -44,33 +45,8 @@ enum Section {
 
 /// Parses `.vrp` text; `path` is only used in error messages.
 pub fn parse_vrp(text: &str, path: &Path) -> Result<Instance, DataError> {
-    let err = |line: usize, msg: String| DataError::format(path, line, msg);
-    let mut name = path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let mut dimension: Option<usize> = None;
-    let mut capacity: Option<u32> = None;
-    let mut weight_type: Option<(String, usize)> = None;
-    let mut weight_format: Option<(String, usize)> = None;
-    let mut coords: Vec<Option<[f64; 2]>> = vec![];
-    let mut display: Vec<Option<[f64; 2]>> = vec![];
-    let mut demands: Vec<Option<u32>> = vec![];
-    let mut depots: Vec<(usize, usize)> = vec![];
-    let mut depots_closed = false;
-    let mut weights: Vec<f64> = vec![];
-    let mut weights_line = 0;
-    let mut seen = std::collections::HashSet::new();
-    let mut section = Section::Header;
-    let mut saw_eof = false;
-
-    let lines = text.lines().count();
-    let need_dim = |dimension: Option<usize>, line: usize, what: &str| {
-        dimension.ok_or_else(|| err(line, format!("{what} before DIMENSION")))
-    };
-
+    let mut reader = VrpReader::new(path, text.lines().count());
     for (i, raw) in text.lines().enumerate() {
-        let line_no = i + 1;
         let line = raw.trim();
         if line.is_empty() {
             continue;
@@ -79,244 +55,331 @@ pub fn parse_vrp(text: &str, path: &Path) -> Result<Instance, DataError> {
             .chars()
             .next()
             .is_some_and(|c| c.is_ascii_digit() || c == '-' || c == '+' || c == '.');
-        if starts_numeric && section != Section::Header {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            match section {
-                Section::Coords | Section::Display => {
-                    let dim = need_dim(dimension, line_no, "coordinates")?;
-                    let [id, x, y] = fields[..] else {
-                        return Err(err(line_no, format!("expected `node x y`, got `{line}`")));
-                    };
-                    let id = parse_node(id, dim).map_err(|m| err(line_no, m))?;
-                    let p = [parse_f64(x, line_no, path)?, parse_f64(y, line_no, path)?];
-                    let target = if section == Section::Coords {
-                        &mut coords
-                    } else {
-                        &mut display
-                    };
-                    target.resize(dim, None);
-                    if target[id - 1].replace(p).is_some() {
-                        return Err(err(line_no, format!("node {id} is given twice")));
-                    }
-                }
-                Section::Demands => {
-                    let dim = need_dim(dimension, line_no, "DEMAND_SECTION")?;
-                    let [id, d] = fields[..] else {
-                        return Err(err(
-                            line_no,
-                            format!("expected `node demand`, got `{line}`"),
-                        ));
-                    };
-                    let id = parse_node(id, dim).map_err(|m| err(line_no, m))?;
-                    let d: u32 = d.parse().map_err(|_| {
-                        err(
-                            line_no,
-                            format!("demand `{d}` is not a non-negative integer"),
-                        )
-                    })?;
-                    demands.resize(dim, None);
-                    if demands[id - 1].replace(d).is_some() {
-                        return Err(err(line_no, format!("demand of node {id} is given twice")));
-                    }
-                }
-                Section::Depots => {
-                    let dim = need_dim(dimension, line_no, "DEPOT_SECTION")?;
-                    for f in fields {
-                        if depots_closed {
-                            return Err(err(line_no, "data after the DEPOT_SECTION's -1".into()));
-                        }
-                        if f == "-1" {
-                            depots_closed = true;
-                        } else {
-                            depots
-                                .push((parse_node(f, dim).map_err(|m| err(line_no, m))?, line_no));
-                        }
-                    }
-                }
-                Section::EdgeWeights => {
-                    for f in fields {
-                        weights.push(parse_f64(f, line_no, path)?);
-                    }
-                }
-                Section::Header => unreachable!(),
-            }
-            continue;
+        if starts_numeric && reader.section != Section::Header {
+            reader.data_line(line, i + 1)?;
+        } else if reader.keyword_line(line, i + 1)? {
+            break;
         }
-        // A keyword: `KEY : value`, `KEY: value` or a bare section name.
+    }
+    reader.finish()
+}
+
+/// What a `.vrp` file has said so far, read a line at a time: its header's values and its
+/// sections' entries, each entry `None` until its line is read.
+struct VrpReader<'p> {
+    path: &'p Path,
+    /// The file's line count, which bounds DIMENSION before anything is allocated for it.
+    lines: usize,
+    section: Section,
+    /// The header keys read, each allowed once (`COMMENT` any number of times).
+    seen: HashSet<String>,
+    name: String,
+    dimension: Option<usize>,
+    capacity: Option<u32>,
+    edge_weight_type: Option<String>,
+    /// The format, and the line that gave it.
+    edge_weight_format: Option<(String, usize)>,
+    coords: Vec<Option<[f64; 2]>>,
+    display: Vec<Option<[f64; 2]>>,
+    demands: Vec<Option<u32>>,
+    /// Each depot's node and the line that gave it.
+    depots: Vec<(usize, usize)>,
+    /// Whether the DEPOT_SECTION's closing `-1` has been read.
+    depots_closed: bool,
+    weights: Vec<f64>,
+    /// The EDGE_WEIGHT_SECTION's keyword line, where a wrong count of weights is reported.
+    weights_line: usize,
+}
+
+impl<'p> VrpReader<'p> {
+    fn new(path: &'p Path, lines: usize) -> Self {
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        VrpReader {
+            path,
+            lines,
+            section: Section::Header,
+            seen: HashSet::new(),
+            name,
+            dimension: None,
+            capacity: None,
+            edge_weight_type: None,
+            edge_weight_format: None,
+            coords: vec![],
+            display: vec![],
+            demands: vec![],
+            depots: vec![],
+            depots_closed: false,
+            weights: vec![],
+            weights_line: 0,
+        }
+    }
+
+    fn err(&self, line: usize, message: String) -> DataError {
+        DataError::format(self.path, line, message)
+    }
+
+    /// DIMENSION, which a section's node ids are checked against (`what` needs it).
+    fn dimension_for(&self, line: usize, what: &str) -> Result<usize, DataError> {
+        self.dimension
+            .ok_or_else(|| self.err(line, format!("{what} before DIMENSION")))
+    }
+
+    /// A line of numbers in the current section (not the header).
+    fn data_line(&mut self, line: &str, line_no: usize) -> Result<(), DataError> {
+        let path = self.path;
+        let err = |message: String| DataError::format(path, line_no, message);
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match self.section {
+            Section::Coords | Section::Display => {
+                let dim = self.dimension_for(line_no, "coordinates")?;
+                let [id, x, y] = fields[..] else {
+                    return Err(err(format!("expected `node x y`, got `{line}`")));
+                };
+                let id = parse_node(id, dim).map_err(err)?;
+                let point = [parse_f64(x, line_no, path)?, parse_f64(y, line_no, path)?];
+                let points = match self.section {
+                    Section::Coords => &mut self.coords,
+                    _ => &mut self.display,
+                };
+                if !set_once(points, dim, id, point) {
+                    return Err(err(format!("node {id} is given twice")));
+                }
+                Ok(())
+            }
+            Section::Demands => {
+                let dim = self.dimension_for(line_no, "DEMAND_SECTION")?;
+                let [id, demand] = fields[..] else {
+                    return Err(err(format!("expected `node demand`, got `{line}`")));
+                };
+                let id = parse_node(id, dim).map_err(err)?;
+                let demand: u32 = demand
+                    .parse()
+                    .map_err(|_| err(format!("demand `{demand}` is not a non-negative integer")))?;
+                if !set_once(&mut self.demands, dim, id, demand) {
+                    return Err(err(format!("demand of node {id} is given twice")));
+                }
+                Ok(())
+            }
+            Section::Depots => self.depot_line(&fields, line_no),
+            Section::EdgeWeights => {
+                for field in fields {
+                    self.weights.push(parse_f64(field, line_no, path)?);
+                }
+                Ok(())
+            }
+            Section::Header => unreachable!("parse_vrp reads header lines as keywords"),
+        }
+    }
+
+    /// A DEPOT_SECTION line: depot ids, up to the section's closing `-1`.
+    fn depot_line(&mut self, fields: &[&str], line_no: usize) -> Result<(), DataError> {
+        let dim = self.dimension_for(line_no, "DEPOT_SECTION")?;
+        for &field in fields {
+            if self.depots_closed {
+                return Err(self.err(line_no, "data after the DEPOT_SECTION's -1".into()));
+            }
+            if field == "-1" {
+                self.depots_closed = true;
+            } else {
+                let depot = parse_node(field, dim).map_err(|m| self.err(line_no, m))?;
+                self.depots.push((depot, line_no));
+            }
+        }
+        Ok(())
+    }
+
+    /// A keyword line: `KEY : value`, `KEY: value` or a bare section name. Returns whether
+    /// it is `EOF`, after which nothing is read (the keyword is optional in practice).
+    fn keyword_line(&mut self, line: &str, line_no: usize) -> Result<bool, DataError> {
         let (key, value) = match line.split_once(':') {
             Some((k, v)) => (k.trim().to_ascii_uppercase(), Some(v.trim())),
             None => {
                 let mut it = line.splitn(2, char::is_whitespace);
                 let k = it.next().unwrap_or("").to_ascii_uppercase();
-                (k, it.next().map(str::trim).filter(|v| !v.is_empty()))
+                (k, it.next().map(str::trim))
             }
         };
-        if !seen.insert(key.clone()) && key != "COMMENT" {
-            return Err(err(line_no, format!("`{key}` appears twice")));
+        if !self.seen.insert(key.clone()) && key != "COMMENT" {
+            return Err(self.err(line_no, format!("`{key}` appears twice")));
         }
-        section = Section::Header;
-        let value = value.filter(|v| !v.is_empty());
-        let missing = || err(line_no, format!("`{key}` needs a value"));
+        self.section = Section::Header;
+        let path = self.path;
+        let err = |message: String| DataError::format(path, line_no, message);
+        let value = value
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| err(format!("`{key}` needs a value")));
         match key.as_str() {
-            "NAME" => name = value.ok_or_else(missing)?.to_string(),
+            "NAME" => self.name = value?.to_string(),
             "COMMENT" | "DISPLAY_DATA_TYPE" | "NODE_COORD_TYPE" | "DISTANCE" | "VEHICLES" => {}
             "TYPE" => {
-                let v = value.ok_or_else(missing)?;
+                let v = value?;
                 if !v.eq_ignore_ascii_case("CVRP") {
-                    return Err(err(
-                        line_no,
-                        format!("TYPE is `{v}`; only CVRP is supported"),
-                    ));
+                    return Err(err(format!("TYPE is `{v}`; only CVRP is supported")));
                 }
             }
-            "DIMENSION" => {
-                let v = value.ok_or_else(missing)?;
-                let d: usize = v.parse().map_err(|_| {
-                    err(
-                        line_no,
-                        format!("DIMENSION `{v}` is not a positive integer"),
-                    )
-                })?;
-                if d < 2 {
-                    return Err(err(
-                        line_no,
-                        format!("DIMENSION is {d}; expected at least 2 (depot + one customer)"),
-                    ));
-                }
-                if d > MAX_NODES {
-                    return Err(err(
-                        line_no,
-                        format!("DIMENSION is {d}; routeburn reads at most {MAX_NODES} nodes"),
-                    ));
-                }
-                if d > lines {
-                    return Err(err(
-                        line_no,
-                        format!("DIMENSION is {d}, but the file has only {lines} lines (one per node at least)"),
-                    ));
-                }
-                dimension = Some(d);
-            }
+            "DIMENSION" => self.dimension = Some(dimension(value?, self.lines).map_err(err)?),
             "CAPACITY" => {
-                let v = value.ok_or_else(missing)?;
-                capacity = Some(v.parse().map_err(|_| {
-                    err(
-                        line_no,
-                        format!("CAPACITY `{v}` is not a non-negative integer"),
-                    )
-                })?);
+                let v = value?;
+                let capacity = v
+                    .parse()
+                    .map_err(|_| err(format!("CAPACITY `{v}` is not a non-negative integer")))?;
+                self.capacity = Some(capacity);
             }
             "EDGE_WEIGHT_TYPE" => {
-                let v = value.ok_or_else(missing)?.to_ascii_uppercase();
+                let v = value?.to_ascii_uppercase();
                 if v != "EUC_2D" && v != "EXPLICIT" {
-                    return Err(err(
-                        line_no,
-                        format!(
-                            "EDGE_WEIGHT_TYPE `{v}` is not supported; expected EUC_2D or EXPLICIT"
-                        ),
-                    ));
+                    return Err(err(format!(
+                        "EDGE_WEIGHT_TYPE `{v}` is not supported; expected EUC_2D or EXPLICIT"
+                    )));
                 }
-                weight_type = Some((v, line_no));
+                self.edge_weight_type = Some(v);
             }
             "EDGE_WEIGHT_FORMAT" => {
-                weight_format = Some((value.ok_or_else(missing)?.to_ascii_uppercase(), line_no))
+                self.edge_weight_format = Some((value?.to_ascii_uppercase(), line_no))
             }
-            "NODE_COORD_SECTION" => section = Section::Coords,
-            "DISPLAY_DATA_SECTION" => section = Section::Display,
-            "DEMAND_SECTION" => section = Section::Demands,
-            "DEPOT_SECTION" => section = Section::Depots,
+            "NODE_COORD_SECTION" => self.section = Section::Coords,
+            "DISPLAY_DATA_SECTION" => self.section = Section::Display,
+            "DEMAND_SECTION" => self.section = Section::Demands,
+            "DEPOT_SECTION" => self.section = Section::Depots,
             "EDGE_WEIGHT_SECTION" => {
-                section = Section::EdgeWeights;
-                weights_line = line_no;
+                self.section = Section::EdgeWeights;
+                self.weights_line = line_no;
             }
-            "EOF" => {
-                saw_eof = true;
-                break;
-            }
-            other => return Err(err(line_no, format!("unknown keyword `{other}`"))),
+            "EOF" => return Ok(true),
+            other => return Err(err(format!("unknown keyword `{other}`"))),
         }
+        Ok(false)
     }
-    let _ = saw_eof; // EOF is optional in practice.
 
-    let dim = dimension.ok_or_else(|| err(0, "missing DIMENSION".into()))?;
-    let capacity = capacity.ok_or_else(|| err(0, "missing CAPACITY".into()))?;
-    let (weight_type, _) = weight_type.unwrap_or_else(|| ("EUC_2D".into(), 0));
-    if demands.is_empty() {
-        return Err(err(0, "missing DEMAND_SECTION".into()));
-    }
-    let demands = complete(demands, dim, "DEMAND_SECTION", path)?;
-    let depot = match depots[..] {
-        [] => 1,
-        [(d, _)] => d,
-        [_, (_, line), ..] => {
-            return Err(err(
-                line,
-                "more than one depot; only single-depot CVRP is supported".into(),
-            ))
+    /// The instance the file describes, its depot moved to the front (customers in file
+    /// order), once every line is read.
+    fn finish(self) -> Result<Instance, DataError> {
+        let dim = self
+            .dimension
+            .ok_or_else(|| self.err(0, "missing DIMENSION".into()))?;
+        let capacity = self
+            .capacity
+            .ok_or_else(|| self.err(0, "missing CAPACITY".into()))?;
+        if self.demands.is_empty() {
+            return Err(self.err(0, "missing DEMAND_SECTION".into()));
         }
-    };
-    if demands[depot - 1] != 0 {
-        return Err(err(
-            0,
-            format!(
+        let demands = complete(&self.demands, dim, "DEMAND_SECTION", self.path)?;
+        let depot = match self.depots[..] {
+            [] => 1,
+            [(depot, _)] => depot,
+            [_, (_, line), ..] => {
+                let message = "more than one depot; only single-depot CVRP is supported";
+                return Err(self.err(line, message.into()));
+            }
+        };
+        if demands[depot - 1] != 0 {
+            let message = format!(
                 "the depot (node {depot}) has demand {}; expected 0",
                 demands[depot - 1]
-            ),
-        ));
-    }
-    // New order: depot first, then the other nodes in file order.
-    let order: Vec<usize> = std::iter::once(depot - 1)
-        .chain((0..dim).filter(|&i| i != depot - 1))
-        .collect();
-    let customer_demands: Vec<u32> = order[1..].iter().map(|&i| demands[i]).collect();
-
-    let (node_coords, explicit) = if weight_type == "EXPLICIT" {
-        if weights.is_empty() {
-            return Err(err(
-                0,
-                "EDGE_WEIGHT_TYPE is EXPLICIT but EDGE_WEIGHT_SECTION is missing".into(),
-            ));
+            );
+            return Err(self.err(0, message));
         }
-        let (format, format_line) = weight_format
-            .ok_or_else(|| err(0, "EXPLICIT weights need an EDGE_WEIGHT_FORMAT".into()))?;
-        let full = expand_weights(&format, dim, &weights).map_err(|m| {
-            err(
-                if m.starts_with("EDGE_WEIGHT_FORMAT") {
-                    format_line
+        let order: Vec<usize> = std::iter::once(depot - 1)
+            .chain((0..dim).filter(|&i| i != depot - 1))
+            .collect();
+        let customer_demands: Vec<u32> = order[1..].iter().map(|&i| demands[i]).collect();
+        let (node_coords, explicit) = if self.edge_weight_type.as_deref() == Some("EXPLICIT") {
+            let (shown, matrix) = self.explicit_distances(dim, &order)?;
+            (shown, Some(matrix))
+        } else {
+            if self.coords.is_empty() {
+                return Err(self.err(0, "missing NODE_COORD_SECTION".into()));
+            }
+            let coords = complete(&self.coords, dim, "NODE_COORD_SECTION", self.path)?;
+            (order.iter().map(|&i| coords[i]).collect(), None)
+        };
+        let name = self.name;
+        Instance::from_nodes(
+            name.clone(),
+            node_coords,
+            customer_demands,
+            capacity,
+            explicit,
+        )
+        .map_err(|source| DataError::Instance {
+            path: self.path.to_path_buf(),
+            name,
+            source,
+        })
+    }
+
+    /// An EXPLICIT file's distances in `order`, and the coordinates it shows in that order
+    /// (its display data, else its node coordinates, else none).
+    fn explicit_distances(
+        &self,
+        dim: usize,
+        order: &[usize],
+    ) -> Result<(Vec<[f64; 2]>, DistanceMatrix), DataError> {
+        if self.weights.is_empty() {
+            let message = "EDGE_WEIGHT_TYPE is EXPLICIT but EDGE_WEIGHT_SECTION is missing";
+            return Err(self.err(0, message.into()));
+        }
+        let (format, format_line) = self
+            .edge_weight_format
+            .as_ref()
+            .ok_or_else(|| self.err(0, "EXPLICIT weights need an EDGE_WEIGHT_FORMAT".into()))?;
+        let full = expand_weights(format, dim, &self.weights).map_err(|m| {
+            let format_is_wrong = m.starts_with("EDGE_WEIGHT_FORMAT");
+            self.err(
+                if format_is_wrong {
+                    *format_line
                 } else {
-                    weights_line
+                    self.weights_line
                 },
                 m,
             )
         })?;
         let matrix = DistanceMatrix::from_fn(dim, |i, j| full[order[i] * dim + order[j]]);
-        let shown = if display.is_empty() { coords } else { display };
-        let shown = if shown.is_empty() {
-            vec![]
+        let shown = if self.display.is_empty() {
+            &self.coords
         } else {
-            let c = complete(shown, dim, "DISPLAY_DATA_SECTION", path)?;
-            order.iter().map(|&i| c[i]).collect()
+            &self.display
         };
-        (shown, Some(matrix))
-    } else {
-        if coords.is_empty() {
-            return Err(err(0, "missing NODE_COORD_SECTION".into()));
+        if shown.is_empty() {
+            return Ok((vec![], matrix));
         }
-        let c = complete(coords, dim, "NODE_COORD_SECTION", path)?;
-        (order.iter().map(|&i| c[i]).collect(), None)
-    };
-    Instance::from_nodes(
-        name.clone(),
-        node_coords,
-        customer_demands,
-        capacity,
-        explicit,
-    )
-    .map_err(|source| DataError::Instance {
-        path: path.to_path_buf(),
-        name,
-        source,
-    })
+        let shown = complete(shown, dim, "DISPLAY_DATA_SECTION", self.path)?;
+        Ok((order.iter().map(|&i| shown[i]).collect(), matrix))
+    }
+}
+
+/// DIMENSION's value, checked before anything is allocated for it: at least the depot and
+/// one customer, at most [`MAX_NODES`] and at most the file's `lines`.
+fn dimension(value: &str, lines: usize) -> Result<usize, String> {
+    let d: usize = value
+        .parse()
+        .map_err(|_| format!("DIMENSION `{value}` is not a positive integer"))?;
+    if d < 2 {
+        return Err(format!(
+            "DIMENSION is {d}; expected at least 2 (depot + one customer)"
+        ));
+    }
+    if d > MAX_NODES {
+        return Err(format!(
+            "DIMENSION is {d}; routeburn reads at most {MAX_NODES} nodes"
+        ));
+    }
+    if d > lines {
+        return Err(format!(
+            "DIMENSION is {d}, but the file has only {lines} lines (one per node at least)"
+        ));
+    }
+    Ok(d)
+}
+
+/// Node `id`'s entry of a section (`values` grown to `dim` entries), set unless the file
+/// gave it before: returns whether it was new.
+fn set_once<T: Clone>(values: &mut Vec<Option<T>>, dim: usize, id: usize, value: T) -> bool {
+    values.resize(dim, None);
+    values[id - 1].replace(value).is_none()
 }
 
 fn parse_node(s: &str, dim: usize) -> Result<usize, String> {
@@ -334,7 +397,7 @@ fn parse_f64(s: &str, line: usize, path: &Path) -> Result<f64, DataError> {
 }
 
 fn complete<T: Copy>(
-    values: Vec<Option<T>>,
+    values: &[Option<T>],
     dim: usize,
     section: &str,
     path: &Path,
