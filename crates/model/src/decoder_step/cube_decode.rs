@@ -22,7 +22,9 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 
-use super::cube_kernel::{fits, query_from_context, step_row, UNITS};
+use super::cube_kernel::{
+    fits, query_from_context, step_row, StepContext, StepInputs, StepShape, UNITS,
+};
 use super::DecodeSpan;
 use crate::cube_launch::{address_type, cube_dim};
 use crate::state_kernel::{choose_in_cube, step_in_cube, Loads, StateSet};
@@ -89,11 +91,11 @@ pub(crate) fn decode(
         contiguous;
     let [b, nodes, d] = last_node_context.meta.shape().dims::<3>();
     let rows = demands.meta.shape().dims::<2>()[0];
-    let padded_nodes = by_feature.meta.shape().dims::<3>()[2];
     assert!(
         fits(nodes, heads, d, false) && d % heads == 0,
         "the CubeCL decoder step's shared memory does not hold {nodes} nodes"
     );
+    let shape = StepShape::new(heads, d, &by_feature);
     let (float, int, boolean) = (
         last_node_context.dtype,
         start.int_like.dtype,
@@ -184,8 +186,7 @@ pub(crate) fn decode(
         seen_mask.clone().into_tensor_arg(),
         seen_remaining.clone().into_tensor_arg(),
         seen_rows.clone().into_tensor_arg(),
-        tanh_clipping,
-        temperature,
+        tanh_clipping / temperature,
         start.tolerance,
         (rows / b) as u32,
         nodes as u32,
@@ -195,9 +196,7 @@ pub(crate) fn decode(
         span.steps as u32,
         u32::from(span.log_likelihood),
         u32::from(span.record_seen),
-        heads,
-        d / heads,
-        padded_nodes,
+        shape,
         [float, int, boolean].map(dtype_to_storage_type),
     );
     [
@@ -243,8 +242,7 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
     seen_mask: &mut Tensor<M>,
     seen_remaining: &mut Tensor<F>,
     seen_rows: &mut Tensor<I>,
-    tanh_clipping: f32,
-    temperature: f32,
+    scale: f32,
     tolerance: f32,
     starts: u32,
     node_count: u32,
@@ -254,9 +252,7 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
     steps: u32,
     keep_log_likelihood: u32,
     record_seen: u32,
-    #[comptime] heads: usize,
-    #[comptime] head_dim: usize,
-    #[comptime] padded_nodes: usize,
+    #[comptime] shape: StepShape,
     #[define(F, I, M)] _dtypes: [ElemType; 3],
 ) {
     let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
@@ -296,6 +292,12 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
     }
     sync_cube();
 
+    let StepShape {
+        heads,
+        head_dim,
+        padded_nodes,
+    } = shape;
+    let context = StepContext::new(fixed_context, last_node_context, capacity_context);
     let mut attention = Shared::new_slice(heads * padded_nodes);
     let mut logits = Shared::new_slice(padded_nodes);
     for t in 0..steps {
@@ -313,31 +315,14 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
             }
         }
         query_from_context(
-            fixed_context,
-            last_node_context,
-            capacity_context,
+            &context,
             &*now.remaining,
             &*now_node,
             query,
-            starts,
-            node_count,
             heads * head_dim,
         );
-        step_row(
-            &*query,
-            by_feature,
-            &*now.mask,
-            log_p,
-            &mut attention,
-            &mut logits,
-            tanh_clipping,
-            temperature,
-            starts,
-            node_count,
-            heads,
-            head_dim,
-            padded_nodes,
-        );
+        let inputs = StepInputs::new(&*query, by_feature, &*now.mask);
+        step_row(&inputs, log_p, &mut attention, &mut logits, scale, shape);
         sync_cube();
         let to = choose_in_cube(
             &logits,

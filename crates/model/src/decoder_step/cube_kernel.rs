@@ -59,6 +59,27 @@ pub(crate) fn fits(nodes: usize, heads: usize, d: usize, training: bool) -> bool
     forward.max(if training { backward } else { 0 }) <= SHARED_FLOATS
 }
 
+/// The sizes a step's kernels are compiled for: heads, features a head, and the node count
+/// rounded up to 8, which sizes their shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct StepShape {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub padded_nodes: usize,
+}
+
+impl StepShape {
+    /// A step of `heads` heads and `d` features over the keys by feature `[B, 3d, Np]`.
+    pub fn new(heads: usize, d: usize, by_feature: &CubeTensor) -> Self {
+        let padded_nodes = by_feature.meta.shape().dims::<3>()[2];
+        StepShape {
+            heads,
+            head_dim: d / heads,
+            padded_nodes,
+        }
+    }
+}
+
 /// The step's forward pass on a CubeCL device.
 ///
 /// # Shapes
@@ -75,11 +96,11 @@ pub(crate) fn forward(
     let by_feature = into_contiguous(by_feature);
     let mask = into_contiguous(mask);
     let [b, s, d] = query.meta.shape().dims::<3>();
-    let padded_nodes = by_feature.meta.shape().dims::<3>()[2];
     assert!(
         fits(nodes, heads, d, false) && d % heads == 0,
         "the CubeCL decoder step's shared memory does not hold {nodes} nodes"
     );
+    let shape = StepShape::new(heads, d, &by_feature);
     let rows = b * s;
     let (float, boolean) = (query.dtype, mask.dtype);
     let output = empty_device_contiguous_dtype(
@@ -97,13 +118,8 @@ pub(crate) fn forward(
         by_feature.into_tensor_arg(),
         mask.into_tensor_arg(),
         output.clone().into_tensor_arg(),
-        tanh_clipping,
-        temperature,
-        s as u32,
-        nodes as u32,
-        heads,
-        d / heads,
-        padded_nodes,
+        tanh_clipping / temperature,
+        shape,
         [dtype_to_storage_type(float), dtype_to_storage_type(boolean)],
     );
     output
@@ -137,11 +153,11 @@ pub(crate) fn forward_from_context(
     let (last_node, mask) = (into_contiguous(last_node), into_contiguous(mask));
     let [b, nodes, d] = last_node_context.meta.shape().dims::<3>();
     let rows = mask.meta.shape().dims::<2>()[0];
-    let padded_nodes = by_feature.meta.shape().dims::<3>()[2];
     assert!(
         fits(nodes, heads, d, false) && d % heads == 0,
         "the CubeCL decoder step's shared memory does not hold {nodes} nodes"
     );
+    let shape = StepShape::new(heads, d, &by_feature);
     let (float, int, boolean) = (last_node_context.dtype, last_node.dtype, mask.dtype);
     let empty = |shape: Shape| {
         let (client, device) = (mask.client.clone(), mask.device.clone());
@@ -174,22 +190,62 @@ pub(crate) fn forward_from_context(
         by_feature.into_tensor_arg(),
         mask.into_tensor_arg(),
         output.clone().into_tensor_arg(),
-        tanh_clipping,
-        temperature,
-        (rows / b) as u32,
-        nodes as u32,
-        heads,
-        d / heads,
-        padded_nodes,
+        tanh_clipping / temperature,
+        shape,
         [float, int, boolean].map(dtype_to_storage_type),
     );
     output
+}
+
+/// What a row's step reads: the queries `[B, S, d]`, the keys by feature `[B, 3d, Np]`
+/// (glimpse keys, logit keys, values) and the rows' mask `[B × S, N]`.
+#[derive(CubeType)]
+pub(super) struct StepInputs<'a, F: Float, M: Int> {
+    pub query: &'a Tensor<F>,
+    pub by_feature: &'a Tensor<F>,
+    pub mask: &'a Tensor<M>,
+}
+
+#[cube]
+impl<'a, F: Float, M: Int> StepInputs<'a, F, M> {
+    pub fn new(query: &'a Tensor<F>, by_feature: &'a Tensor<F>, mask: &'a Tensor<M>) -> Self {
+        StepInputs::<'a, F, M> {
+            query,
+            by_feature,
+            mask,
+        }
+    }
+}
+
+/// What a row's query is made from: the fixed context `[B, 1, d]`, the nodes' context
+/// rows `[B, N, d]` and the capacity's context `[1, 1, d]`.
+#[derive(CubeType)]
+pub(super) struct StepContext<'a, F: Float> {
+    pub fixed_context: &'a Tensor<F>,
+    pub last_node_context: &'a Tensor<F>,
+    pub capacity_context: &'a Tensor<F>,
+}
+
+#[cube]
+impl<'a, F: Float> StepContext<'a, F> {
+    pub fn new(
+        fixed_context: &'a Tensor<F>,
+        last_node_context: &'a Tensor<F>,
+        capacity_context: &'a Tensor<F>,
+    ) -> Self {
+        StepContext::<'a, F> {
+            fixed_context,
+            last_node_context,
+            capacity_context,
+        }
+    }
 }
 
 /// Where a row's query, its instance's keys by feature and the row's mask sit (element
 /// offsets and strides), and the instance's node count.
 #[derive(CubeType, Clone)]
 struct RowAt {
+    row: usize,
     query: usize,
     query_feature: usize,
     keys: usize,
@@ -200,26 +256,21 @@ struct RowAt {
     nodes: usize,
 }
 
+/// Where row `row` (instance `row / S`, start `row % S`) reads its inputs.
 #[cube]
-#[allow(clippy::too_many_arguments)]
-fn row_at<F: Float, M: Int>(
-    query: &Tensor<F>,
-    by_feature: &Tensor<F>,
-    mask: &Tensor<M>,
-    instance: usize,
-    start: usize,
-    row: usize,
-    nodes: usize,
-) -> RowAt {
+fn row_at<F: Float, M: Int>(inputs: &StepInputs<F, M>, row: usize) -> RowAt {
+    let starts = inputs.query.shape(1);
+    let (instance, start) = (row / starts, row % starts);
     RowAt {
-        query: instance * query.stride(0) + start * query.stride(1),
-        query_feature: query.stride(2),
-        keys: instance * by_feature.stride(0),
-        key_feature: by_feature.stride(1),
-        key_node: by_feature.stride(2),
-        mask: row * mask.stride(0),
-        mask_node: mask.stride(1),
-        nodes,
+        row,
+        query: instance * inputs.query.stride(0) + start * inputs.query.stride(1),
+        query_feature: inputs.query.stride(2),
+        keys: instance * inputs.by_feature.stride(0),
+        key_feature: inputs.by_feature.stride(1),
+        key_node: inputs.by_feature.stride(2),
+        mask: row * inputs.mask.stride(0),
+        mask_node: inputs.mask.stride(1),
+        nodes: inputs.mask.shape(1),
     }
 }
 
@@ -270,18 +321,18 @@ fn over_features<F: Float>(
 /// each head's softmax over the open nodes (0 at masked ones); then the glimpse, by
 /// feature. Ends at a barrier, so every unit may read both.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn attend<F: Float, M: Int>(
-    query: &Tensor<F>,
-    by_feature: &Tensor<F>,
-    mask: &Tensor<M>,
+    inputs: &StepInputs<F, M>,
     at: &RowAt,
     attention: &mut Shared<[f32]>,
     glimpse: &mut Shared<[f32]>,
-    #[comptime] heads: usize,
-    #[comptime] head_dim: usize,
-    #[comptime] padded_nodes: usize,
+    #[comptime] shape: StepShape,
 ) {
+    let StepShape {
+        heads,
+        head_dim,
+        padded_nodes,
+    } = shape;
     let d = heads * head_dim;
     let nodes = at.nodes;
     let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
@@ -292,18 +343,49 @@ fn attend<F: Float, M: Int>(
         let mut score = f32::new(0.0);
         for j in 0..head_dim {
             let f = head * head_dim + j;
-            let key = by_feature[at.keys + f * at.key_feature + node * at.key_node];
-            score += f32::cast_from(query[at.query + f * at.query_feature]) * f32::cast_from(key);
+            let key = inputs.by_feature[at.keys + f * at.key_feature + node * at.key_node];
+            let query = inputs.query[at.query + f * at.query_feature];
+            score += f32::cast_from(query) * f32::cast_from(key);
         }
         attention[head * padded_nodes + node] = score;
         i += units;
     }
     sync_cube();
+    softmax_by_head(inputs.mask, at, attention, glimpse, shape);
+    let mut f = unit;
+    while f < d {
+        glimpse[f] = over_nodes(
+            &*attention,
+            (f / head_dim) * padded_nodes,
+            inputs.by_feature,
+            2 * d + f,
+            at,
+        );
+        f += units;
+    }
+    sync_cube();
+}
 
-    // Each head's softmax over its open nodes: the max in parts (exact in any order), a
-    // part a (head, lane), reading shared memory; the exponentials by (head, node); the
-    // sum by a unit a head in node order, as flex's. `glimpse` holds the parts and then
-    // each head's max and sum (at `head · lanes`) until it is made.
+/// Each head's softmax over its open nodes, in place in `attention` (0 at masked nodes):
+/// the max in parts (exact in any order), a part a (head, lane), reading shared memory;
+/// the exponentials by (head, node); the sum by a unit a head in node order, as flex's.
+/// `scratch` (at least `d` floats) holds the parts and then each head's max and sum (at
+/// `head · lanes`). Ends at a barrier.
+#[cube]
+fn softmax_by_head<M: Int>(
+    mask: &Tensor<M>,
+    at: &RowAt,
+    attention: &mut Shared<[f32]>,
+    scratch: &mut Shared<[f32]>,
+    #[comptime] shape: StepShape,
+) {
+    let StepShape {
+        heads,
+        head_dim,
+        padded_nodes,
+    } = shape;
+    let nodes = at.nodes;
+    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
     let lanes = comptime!(if head_dim < SOFTMAX_LANES {
         head_dim
     } else {
@@ -320,17 +402,17 @@ fn attend<F: Float, M: Int>(
             }
             node += lanes;
         }
-        glimpse[slot] = part;
+        scratch[slot] = part;
         slot += units;
     }
     sync_cube();
     let mut max_head = unit;
     while max_head < heads {
-        let mut max = glimpse[max_head * lanes];
+        let mut max = scratch[max_head * lanes];
         for lane in 1..lanes {
-            max = max.max(glimpse[max_head * lanes + lane]);
+            max = max.max(scratch[max_head * lanes + lane]);
         }
-        glimpse[max_head * lanes] = max;
+        scratch[max_head * lanes] = max;
         max_head += units;
     }
     sync_cube();
@@ -341,7 +423,7 @@ fn attend<F: Float, M: Int>(
         let weight_at = score_head * padded_nodes + score_node;
         let mut w = f32::new(0.0);
         if is_open(mask, at, score_node) {
-            w = (attention[weight_at] - glimpse[score_head * lanes]).exp();
+            w = (attention[weight_at] - scratch[score_head * lanes]).exp();
         }
         attention[weight_at] = w;
         at_score += units;
@@ -353,7 +435,7 @@ fn attend<F: Float, M: Int>(
         for node in 0..nodes {
             sum += attention[sum_head * padded_nodes + node];
         }
-        glimpse[sum_head * lanes] = sum;
+        scratch[sum_head * lanes] = sum;
         sum_head += units;
     }
     sync_cube();
@@ -361,65 +443,31 @@ fn attend<F: Float, M: Int>(
     while at_weight < heads * nodes {
         let weight_head = at_weight / nodes;
         let weight_at = weight_head * padded_nodes + at_weight % nodes;
-        attention[weight_at] /= glimpse[weight_head * lanes];
+        attention[weight_at] /= scratch[weight_head * lanes];
         at_weight += units;
-    }
-    sync_cube();
-
-    let mut f = unit;
-    while f < d {
-        glimpse[f] = over_nodes(
-            &*attention,
-            (f / head_dim) * padded_nodes,
-            by_feature,
-            2 * d + f,
-            at,
-        );
-        f += units;
     }
     sync_cube();
 }
 
 #[cube(launch, address_type = "dynamic")]
-#[allow(clippy::too_many_arguments)]
 fn decoder_step_kernel<F: Float, M: Int>(
     query: &Tensor<F>,
     by_feature: &Tensor<F>,
     mask: &Tensor<M>,
     output: &mut Tensor<F>,
-    tanh_clipping: f32,
-    temperature: f32,
-    starts: u32,
-    node_count: u32,
-    #[comptime] heads: usize,
-    #[comptime] head_dim: usize,
-    #[comptime] padded_nodes: usize,
+    scale: f32,
+    #[comptime] shape: StepShape,
     #[define(F, M)] _dtypes: [ElemType; 2],
 ) {
-    let mut attention = Shared::new_slice(heads * padded_nodes);
-    let mut logits = Shared::new_slice(padded_nodes);
-    step_row(
-        query,
-        by_feature,
-        mask,
-        output,
-        &mut attention,
-        &mut logits,
-        tanh_clipping,
-        temperature,
-        starts,
-        node_count,
-        heads,
-        head_dim,
-        padded_nodes,
-    );
+    let mut attention = Shared::new_slice(comptime!(shape.heads * shape.padded_nodes));
+    let mut logits = Shared::new_slice(comptime!(shape.padded_nodes));
+    let inputs = StepInputs::new(query, by_feature, mask);
+    step_row(&inputs, output, &mut attention, &mut logits, scale, shape);
 }
 
-/// [`decoder_step_kernel`] with each row's query made first, from its context: the fixed
-/// context `[B, 1, d]` + (the row of `last_node_context` `[B, N, d]` of the node the row
-/// stands at + its remaining capacity fraction · `capacity_context` `[d]`), in the
-/// tensors' float type and in the order `AttentionModel::step_log_probs` adds them. The
-/// query is written to `query` `[B, S, d]`, which the rest of the cube then reads.
+/// [`decoder_step_kernel`] with each row's query made first, from its context
+/// ([`query_from_context`]), and written to `query` `[B, S, d]`, which the rest of the
+/// cube then reads.
 #[cube(launch, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn decoder_step_from_context_kernel<F: Float, I: Int, M: Int>(
@@ -432,145 +480,110 @@ fn decoder_step_from_context_kernel<F: Float, I: Int, M: Int>(
     by_feature: &Tensor<F>,
     mask: &Tensor<M>,
     output: &mut Tensor<F>,
-    tanh_clipping: f32,
-    temperature: f32,
-    starts: u32,
-    node_count: u32,
-    #[comptime] heads: usize,
-    #[comptime] head_dim: usize,
-    #[comptime] padded_nodes: usize,
+    scale: f32,
+    #[comptime] shape: StepShape,
     #[define(F, I, M)] _dtypes: [ElemType; 3],
 ) {
-    query_from_context(
-        fixed_context,
-        last_node_context,
-        capacity_context,
-        remaining,
-        last_node,
-        query,
-        starts,
-        node_count,
-        heads * head_dim,
-    );
-    let mut attention = Shared::new_slice(heads * padded_nodes);
-    let mut logits = Shared::new_slice(padded_nodes);
-    step_row(
-        &*query,
-        by_feature,
-        mask,
-        output,
-        &mut attention,
-        &mut logits,
-        tanh_clipping,
-        temperature,
-        starts,
-        node_count,
-        heads,
-        head_dim,
-        padded_nodes,
-    );
+    let context = StepContext::new(fixed_context, last_node_context, capacity_context);
+    let d = comptime!(shape.heads * shape.head_dim);
+    query_from_context(&context, remaining, last_node, query, d);
+    let mut attention = Shared::new_slice(comptime!(shape.heads * shape.padded_nodes));
+    let mut logits = Shared::new_slice(comptime!(shape.padded_nodes));
+    let inputs = StepInputs::new(&*query, by_feature, mask);
+    step_row(&inputs, output, &mut attention, &mut logits, scale, shape);
 }
 
-/// The cube's row's query, written to `query` `[B, S, d]`: the fixed context `[B, 1, d]` +
-/// (the row of `last_node_context` `[B, N, d]` of the node the row stands at + its
-/// remaining capacity fraction · `capacity_context` `[d]`), in the tensors' float type and
-/// in the order `AttentionModel::step_log_probs` adds them. Ends at a barrier, so the
-/// cube's units may all read it.
+/// The cube's row's query, written to `query` `[B, S, d]`: the fixed context + (the row
+/// of the last node's context of the node the row stands at (`last_node` `[B × S, 1]`) +
+/// its remaining capacity fraction (`remaining` `[B × S, 1]`) · the capacity's context),
+/// in the tensors' float type and in the order `AttentionModel::step_log_probs` adds
+/// them. Ends at a barrier, so the cube's units may all read it.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 pub(super) fn query_from_context<F: Float, I: Int>(
-    fixed_context: &Tensor<F>,
-    last_node_context: &Tensor<F>,
-    capacity_context: &Tensor<F>,
+    context: &StepContext<F>,
     remaining: &Tensor<F>,
     last_node: &Tensor<I>,
     query: &mut Tensor<F>,
-    starts: u32,
-    node_count: u32,
     #[comptime] d: usize,
 ) {
     let row = CUBE_POS_X as usize;
-    let instance = row / starts as usize;
+    let instance = row / query.shape(1);
     let node = usize::cast_from(last_node[row]);
-    let node_row = (instance * node_count as usize + node) * d;
+    let node_row = (instance * context.last_node_context.shape(1) + node) * d;
     let mut f = UNIT_POS_X as usize;
     while f < d {
-        let step = last_node_context[node_row + f] + remaining[row] * capacity_context[f];
-        query[row * d + f] = fixed_context[instance * d + f] + step;
+        let step =
+            context.last_node_context[node_row + f] + remaining[row] * context.capacity_context[f];
+        query[row * d + f] = context.fixed_context[instance * d + f] + step;
         f += CUBE_DIM_X as usize;
     }
     sync_cube();
 }
 
-/// One row's step (the cube's): its attention, logits and log-softmax into `output`, and
-/// into `logits` as f32 (−∞ at masked nodes), where the row's choice reads them. Works in
+/// One row's step (the cube's): its attention, logits (clipped: `tanh · scale`, the
+/// clipping over the temperature) and log-softmax into `output` `[B × S, N]`, and into
+/// `logits` as f32 (−∞ at masked nodes), where the row's choice reads them. Works in
 /// `attention` (`heads · padded_nodes` floats); ends with both written, before a barrier.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 pub(super) fn step_row<F: Float, M: Int>(
-    query: &Tensor<F>,
-    by_feature: &Tensor<F>,
-    mask: &Tensor<M>,
+    inputs: &StepInputs<F, M>,
     output: &mut Tensor<F>,
     attention: &mut Shared<[f32]>,
     logits: &mut Shared<[f32]>,
-    tanh_clipping: f32,
-    temperature: f32,
-    starts: u32,
-    node_count: u32,
-    #[comptime] heads: usize,
-    #[comptime] head_dim: usize,
-    #[comptime] padded_nodes: usize,
+    scale: f32,
+    #[comptime] shape: StepShape,
 ) {
-    let d = heads * head_dim;
-    let nodes = node_count as usize;
+    let d = comptime!(shape.heads * shape.head_dim);
     let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
-    let row = CUBE_POS_X as usize;
-    let (instance, start) = (row / starts as usize, row % starts as usize);
-    let at = row_at(query, by_feature, mask, instance, start, row, nodes);
-
+    let at = row_at(inputs, CUBE_POS_X as usize);
     let mut glimpse = Shared::new_slice(d);
-    let mut log_sum = Shared::new_slice(1usize);
-    attend(
-        query,
-        by_feature,
-        mask,
-        &at,
-        attention,
-        &mut glimpse,
-        heads,
-        head_dim,
-        padded_nodes,
-    );
+    attend(inputs, &at, attention, &mut glimpse, shape);
 
     // Single-head logits against the logit keys, clipped.
-    let scale = tanh_clipping / temperature;
     let mut node = unit;
-    while node < nodes {
-        logits[node] = over_features(&glimpse, 0, by_feature, d, node, &at, d).tanh() * scale;
+    while node < at.nodes {
+        let raw = over_features(&glimpse, 0, inputs.by_feature, d, node, &at, d);
+        logits[node] = raw.tanh() * scale;
         node += units;
     }
     sync_cube();
+    let room = comptime!(shape.heads * shape.padded_nodes);
+    log_softmax(inputs.mask, &at, output, attention, logits, room);
+}
 
-    // The log-softmax's max over the open nodes in parts (exact in any order), then its
-    // sum of exponentials in node order, as flex's, from shared memory.
-    let parts = units.min(heads * padded_nodes);
+/// The row's log-softmax of `logits` over its open nodes, into `output` and back into
+/// `logits` (−∞ at masked nodes). The max in parts (exact in any order), then the sum of
+/// exponentials in node order, as flex's, from shared memory: `scratch` (`room` floats)
+/// holds the parts and then the exponentials.
+#[cube]
+fn log_softmax<F: Float, M: Int>(
+    mask: &Tensor<M>,
+    at: &RowAt,
+    output: &mut Tensor<F>,
+    scratch: &mut Shared<[f32]>,
+    logits: &mut Shared<[f32]>,
+    #[comptime] room: usize,
+) {
+    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
+    let nodes = at.nodes;
+    let mut log_sum = Shared::new_slice(1usize);
+    let parts = units.min(room);
     if unit < parts {
         let mut max = f32::new(-3.0e38);
         let mut node = unit;
         while node < nodes {
-            if is_open(mask, &at, node) {
+            if is_open(mask, at, node) {
                 max = max.max(logits[node]);
             }
             node += parts;
         }
-        attention[unit] = max;
+        scratch[unit] = max;
     }
     sync_cube();
     if unit == 0 {
-        let mut max = attention[0];
+        let mut max = scratch[0];
         for part in 1..parts {
-            max = max.max(attention[part]);
+            max = max.max(scratch[part]);
         }
         log_sum[0] = max;
     }
@@ -579,27 +592,27 @@ pub(super) fn step_row<F: Float, M: Int>(
     let mut node = unit;
     while node < nodes {
         let mut e = f32::new(0.0);
-        if is_open(mask, &at, node) {
+        if is_open(mask, at, node) {
             e = (logits[node] - max).exp();
         }
-        attention[node] = e;
+        scratch[node] = e;
         node += units;
     }
     sync_cube();
     if unit == 0 {
         let mut sum = f32::new(0.0);
         for node in 0..nodes {
-            sum += attention[node];
+            sum += scratch[node];
         }
         log_sum[0] = max + sum.ln();
     }
     sync_cube();
 
-    let (out, out_node) = (row * output.stride(0), output.stride(1));
+    let (out, out_node) = (at.row * output.stride(0), output.stride(1));
     let mut node = unit;
     while node < nodes {
         let mut log_p = F::new(f32::NEG_INFINITY);
-        if is_open(mask, &at, node) {
+        if is_open(mask, at, node) {
             log_p = F::cast_from(logits[node] - log_sum[0]);
         }
         output[out + node * out_node] = log_p;
@@ -649,7 +662,7 @@ pub(crate) fn backward(
     let [query, by_feature, mask, log_probs, grad_out] =
         [query, by_feature, mask, log_probs, grad_out].map(into_contiguous);
     let [b, s, d] = query.meta.shape().dims::<3>();
-    let padded_nodes = by_feature.meta.shape().dims::<3>()[2];
+    let shape = StepShape::new(heads, d, &by_feature);
     let (float, boolean) = (query.dtype, mask.dtype);
     let empty = |shape: Shape| {
         empty_device_contiguous_dtype(query.client.clone(), query.device.clone(), shape, float)
@@ -682,13 +695,9 @@ pub(crate) fn backward(
         d_values.into_tensor_arg(),
         d_logit_keys.into_tensor_arg(),
         tanh_clipping / temperature,
-        s as u32,
         chunks as u32,
         rows_per_cube as u32,
-        nodes as u32,
-        heads,
-        d / heads,
-        padded_nodes,
+        shape,
         [dtype_to_storage_type(float), dtype_to_storage_type(boolean)],
     );
     let [d_query, node_major @ ..] = grads;
@@ -705,11 +714,90 @@ pub(crate) fn backward(
     [d_query, d_keys, d_values, d_logit_keys]
 }
 
-/// `grad[index] = term` for a row's first start, `+= term` after (the sum in f32, stored
-/// in the gradient's type).
+/// What the backward reads beside the step's inputs, and the gradients it writes: the
+/// forward's log-probabilities and their gradient (`[B × S, N]`), the clipping's slope
+/// C/T; the query's gradient `[B, S, d]` and the cube's node-major partial sums of the
+/// keys', values' and logit keys' gradients (`[B, C, N, d]`).
+#[derive(CubeType)]
+struct BackwardTensors<'a, F: Float> {
+    log_probs: &'a Tensor<F>,
+    grad_out: &'a Tensor<F>,
+    slope: f32,
+    d_query: &'a mut Tensor<F>,
+    d_keys: &'a mut Tensor<F>,
+    d_values: &'a mut Tensor<F>,
+    d_logit_keys: &'a mut Tensor<F>,
+}
+
 #[cube]
-fn add_term<F: Float>(grad: &mut Tensor<F>, index: usize, term: f32, first: bool) {
-    if first {
+impl<'a, F: Float> BackwardTensors<'a, F> {
+    fn new(
+        log_probs: &'a Tensor<F>,
+        grad_out: &'a Tensor<F>,
+        slope: f32,
+        d_query: &'a mut Tensor<F>,
+        d_keys: &'a mut Tensor<F>,
+        d_values: &'a mut Tensor<F>,
+        d_logit_keys: &'a mut Tensor<F>,
+    ) -> Self {
+        BackwardTensors::<'a, F> {
+            log_probs,
+            grad_out,
+            slope,
+            d_query,
+            d_keys,
+            d_values,
+            d_logit_keys,
+        }
+    }
+}
+
+/// A backward row's working memory: the attention weights and the scores' gradients by
+/// (head, node), the glimpse and its gradient by feature, the raw logits' gradient by
+/// node; per-head dots, then Σg at `heads`.
+#[derive(CubeType)]
+struct BackwardScratch {
+    attention: Shared<[f32]>,
+    d_scores: Shared<[f32]>,
+    glimpse: Shared<[f32]>,
+    d_glimpse: Shared<[f32]>,
+    d_raw: Shared<[f32]>,
+    sums: Shared<[f32]>,
+}
+
+#[cube]
+impl BackwardScratch {
+    fn new(#[comptime] shape: StepShape) -> Self {
+        let StepShape {
+            heads,
+            head_dim,
+            padded_nodes,
+        } = shape;
+        BackwardScratch {
+            attention: Shared::new_slice(heads * padded_nodes),
+            d_scores: Shared::new_slice(heads * padded_nodes),
+            glimpse: Shared::new_slice(heads * head_dim),
+            d_glimpse: Shared::new_slice(heads * head_dim),
+            d_raw: Shared::new_slice(padded_nodes),
+            sums: Shared::new_slice(heads + 1),
+        }
+    }
+}
+
+/// Where a row's terms go in the cube's node-major partial sums, and whether the row is
+/// the cube's first (whose terms are written, not added).
+#[derive(CubeType)]
+struct PartialSum {
+    at: usize,
+    first: bool,
+}
+
+/// `grad[sum.at + i] = term` for the cube's first row, `+= term` after (the sum in f32,
+/// stored in the gradient's type).
+#[cube]
+fn add_term<F: Float>(grad: &mut Tensor<F>, sum: &PartialSum, i: usize, term: f32) {
+    let index = sum.at + i;
+    if sum.first {
         grad[index] = F::cast_from(term);
     } else {
         grad[index] = F::cast_from(f32::cast_from(grad[index]) + term);
@@ -729,170 +817,226 @@ fn decoder_step_backward_kernel<F: Float, M: Int>(
     d_values: &mut Tensor<F>,
     d_logit_keys: &mut Tensor<F>,
     slope: f32,
-    starts: u32,
     chunks: u32,
     rows_per_cube: u32,
-    node_count: u32,
-    #[comptime] heads: usize,
-    #[comptime] head_dim: usize,
-    #[comptime] padded_nodes: usize,
+    #[comptime] shape: StepShape,
     #[define(F, M)] _dtypes: [ElemType; 2],
 ) {
-    let d = heads * head_dim;
-    let nodes = node_count as usize;
+    let inputs = StepInputs::new(query, by_feature, mask);
+    let mut tensors = BackwardTensors::new(
+        log_probs,
+        grad_out,
+        slope,
+        d_query,
+        d_keys,
+        d_values,
+        d_logit_keys,
+    );
+    let mut scratch = BackwardScratch::new(shape);
+    let (starts, nodes) = (query.shape(1), mask.shape(1));
     let (instance, chunk) = (
         CUBE_POS_X as usize / chunks as usize,
         CUBE_POS_X as usize % chunks as usize,
     );
-    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
     // The cube's node-major partial gradients, `[B, C, N, d]` contiguous.
-    let node_major = CUBE_POS_X as usize * nodes * d;
+    let node_major = CUBE_POS_X as usize * nodes * comptime!(shape.heads * shape.head_dim);
     // The cube's run of the instance's rows (`row_chunks`: none is empty).
     let first_start = chunk * rows_per_cube as usize;
-    let end = (first_start + rows_per_cube as usize).min(starts as usize);
-
-    // Attention weights and their gradients by (head, node), the glimpse and its gradient
-    // by feature, the raw logits' gradient by node; per-head dots, then Σg at `heads`.
-    let mut attention = Shared::new_slice(heads * padded_nodes);
-    let mut d_scores = Shared::new_slice(heads * padded_nodes);
-    let mut glimpse = Shared::new_slice(d);
-    let mut d_glimpse = Shared::new_slice(d);
-    let mut d_raw = Shared::new_slice(padded_nodes);
-    let mut sums = Shared::new_slice(heads + 1);
-
+    let end = (first_start + rows_per_cube as usize).min(starts);
     for start in first_start..end {
-        let row = instance * starts as usize + start;
-        let at = row_at(query, by_feature, mask, instance, start, row, nodes);
-        let first = start == first_start;
-        // The row's upstream gradient into shared memory (read after `attend`'s barriers),
-        // then log_softmax's Σg over every entry, in node order, as the composed form
-        // takes it: one unit's sum of shared values, not of the device's memory.
-        let mut g_node = unit;
-        while g_node < nodes {
-            d_raw[g_node] = f32::cast_from(grad_out[row * nodes + g_node]);
-            g_node += units;
-        }
-        attend(
-            query,
-            by_feature,
-            mask,
-            &at,
-            &mut attention,
-            &mut glimpse,
-            heads,
-            head_dim,
-            padded_nodes,
-        );
-        if unit == 0 {
-            let mut total = f32::new(0.0);
-            for node in 0..nodes {
-                total += d_raw[node];
-            }
-            sums[heads] = total;
-        }
-        sync_cube();
-
-        // log_softmax and tanh clipping: dz = g − p·Σg, d_raw = dz · C/T · (1 − tanh²).
-        let mut node = unit;
-        while node < nodes {
-            let t = over_features(&glimpse, 0, by_feature, d, node, &at, d).tanh();
-            let mut grad = f32::new(0.0);
-            if is_open(mask, &at, node) {
-                let p = f32::cast_from(log_probs[row * nodes + node]).exp();
-                let dz = d_raw[node] - p * sums[heads];
-                grad = dz * slope * (1.0 - t * t);
-            }
-            d_raw[node] = grad;
-            node += units;
-        }
-        sync_cube();
-
-        // raw = glimpse · logit_keys[node]
-        let mut f = unit;
-        while f < d {
-            d_glimpse[f] = over_nodes(&d_raw, 0, by_feature, d + f, &at);
-            f += units;
-        }
-        let mut i = unit;
-        while i < nodes * d {
-            add_term(
-                d_logit_keys,
-                node_major + i,
-                d_raw[i / d] * glimpse[i % d],
-                first,
-            );
-            i += units;
-        }
-        sync_cube();
-
-        // glimpse = Σ_node attention · values
-        let mut i = unit;
-        while i < heads * nodes {
-            let (head, node) = (i / nodes, i % nodes);
-            let from = head * head_dim;
-            d_scores[head * padded_nodes + node] = over_features(
-                &d_glimpse,
-                from,
-                by_feature,
-                2 * d + from,
-                node,
-                &at,
-                head_dim,
-            );
-            i += units;
-        }
-        let mut i = unit;
-        while i < nodes * d {
-            let (node, f) = (i / d, i % d);
-            let term = attention[(f / head_dim) * padded_nodes + node] * d_glimpse[f];
-            add_term(d_values, node_major + i, term, first);
-            i += units;
-        }
-        sync_cube();
-
-        // softmax: d_score = a · (d_a − Σ a·d_a), per head
-        let mut head = unit;
-        while head < heads {
-            let from = head * padded_nodes;
-            let mut dot = f32::new(0.0);
-            for node in 0..nodes {
-                dot += attention[from + node] * d_scores[from + node];
-            }
-            sums[head] = dot;
-            head += units;
-        }
-        sync_cube();
-        let mut i = unit;
-        while i < heads * nodes {
-            let head = i / nodes;
-            let at_score = head * padded_nodes + i % nodes;
-            d_scores[at_score] = attention[at_score] * (d_scores[at_score] - sums[head]);
-            i += units;
-        }
-        sync_cube();
-
-        // score = query_head · keys[node, head]
-        let mut f = unit;
-        while f < d {
-            d_query[row * d + f] = F::cast_from(over_nodes(
-                &d_scores,
-                (f / head_dim) * padded_nodes,
-                by_feature,
-                f,
-                &at,
-            ));
-            f += units;
-        }
-        let mut i = unit;
-        while i < nodes * d {
-            let (node, f) = (i / d, i % d);
-            let term = d_scores[(f / head_dim) * padded_nodes + node]
-                * f32::cast_from(query[at.query + f * at.query_feature]);
-            add_term(d_keys, node_major + i, term, first);
-            i += units;
-        }
-        sync_cube();
+        let at = row_at(&inputs, instance * starts + start);
+        let sum = PartialSum {
+            at: node_major,
+            first: start == first_start,
+        };
+        attend_beside_upstream(&inputs, &at, &tensors, &mut scratch, shape);
+        logits_backward(&inputs, &at, &mut tensors, &sum, &mut scratch, shape);
+        glimpse_backward(&inputs, &at, &mut tensors, &sum, &mut scratch, shape);
+        scores_backward(&inputs, &at, &mut tensors, &sum, &mut scratch, shape);
     }
+}
+
+/// The row's forward attention and glimpse recomputed ([`attend`]), its upstream gradient
+/// in `d_raw` (read after `attend`'s barriers) and log_softmax's Σg over every entry in
+/// `sums[heads]`, in node order, as the composed form takes it: one unit's sum of shared
+/// values, not of the device's memory. Ends at a barrier.
+#[cube]
+fn attend_beside_upstream<F: Float, M: Int>(
+    inputs: &StepInputs<F, M>,
+    at: &RowAt,
+    tensors: &BackwardTensors<F>,
+    scratch: &mut BackwardScratch,
+    #[comptime] shape: StepShape,
+) {
+    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
+    let nodes = at.nodes;
+    let mut node = unit;
+    while node < nodes {
+        scratch.d_raw[node] = f32::cast_from(tensors.grad_out[at.row * nodes + node]);
+        node += units;
+    }
+    attend(
+        inputs,
+        at,
+        &mut scratch.attention,
+        &mut scratch.glimpse,
+        shape,
+    );
+    if unit == 0 {
+        let mut total = f32::new(0.0);
+        for node in 0..nodes {
+            total += scratch.d_raw[node];
+        }
+        scratch.sums[comptime!(shape.heads)] = total;
+    }
+    sync_cube();
+}
+
+/// Through log_softmax and the tanh clipping to the raw logits (dz = g − p·Σg, then
+/// d_raw = dz · C/T · (1 − tanh²)), then through raw = glimpse · logit_keys[node] to the
+/// glimpse and the logit keys. Ends at a barrier.
+#[cube]
+fn logits_backward<F: Float, M: Int>(
+    inputs: &StepInputs<F, M>,
+    at: &RowAt,
+    tensors: &mut BackwardTensors<F>,
+    sum: &PartialSum,
+    scratch: &mut BackwardScratch,
+    #[comptime] shape: StepShape,
+) {
+    let d = comptime!(shape.heads * shape.head_dim);
+    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
+    let nodes = at.nodes;
+    let mut node = unit;
+    while node < nodes {
+        let t = over_features(&scratch.glimpse, 0, inputs.by_feature, d, node, at, d).tanh();
+        let mut grad = f32::new(0.0);
+        if is_open(inputs.mask, at, node) {
+            let p = f32::cast_from(tensors.log_probs[at.row * nodes + node]).exp();
+            let dz = scratch.d_raw[node] - p * scratch.sums[comptime!(shape.heads)];
+            grad = dz * tensors.slope * (1.0 - t * t);
+        }
+        scratch.d_raw[node] = grad;
+        node += units;
+    }
+    sync_cube();
+
+    let mut f = unit;
+    while f < d {
+        scratch.d_glimpse[f] = over_nodes(&scratch.d_raw, 0, inputs.by_feature, d + f, at);
+        f += units;
+    }
+    let mut i = unit;
+    while i < nodes * d {
+        let term = scratch.d_raw[i / d] * scratch.glimpse[i % d];
+        add_term(tensors.d_logit_keys, sum, i, term);
+        i += units;
+    }
+    sync_cube();
+}
+
+/// Through glimpse = Σ_node attention · values to the attention weights and the values,
+/// then through each head's softmax to its scores: d_score = a · (d_a − Σ a·d_a). Ends at
+/// a barrier.
+#[cube]
+fn glimpse_backward<F: Float, M: Int>(
+    inputs: &StepInputs<F, M>,
+    at: &RowAt,
+    tensors: &mut BackwardTensors<F>,
+    sum: &PartialSum,
+    scratch: &mut BackwardScratch,
+    #[comptime] shape: StepShape,
+) {
+    let StepShape {
+        heads,
+        head_dim,
+        padded_nodes,
+    } = shape;
+    let d = heads * head_dim;
+    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
+    let nodes = at.nodes;
+    let mut i = unit;
+    while i < heads * nodes {
+        let (head, node) = (i / nodes, i % nodes);
+        let from = head * head_dim;
+        let values = 2 * d + from;
+        scratch.d_scores[head * padded_nodes + node] = over_features(
+            &scratch.d_glimpse,
+            from,
+            inputs.by_feature,
+            values,
+            node,
+            at,
+            head_dim,
+        );
+        i += units;
+    }
+    let mut i = unit;
+    while i < nodes * d {
+        let (node, f) = (i / d, i % d);
+        let term = scratch.attention[(f / head_dim) * padded_nodes + node] * scratch.d_glimpse[f];
+        add_term(tensors.d_values, sum, i, term);
+        i += units;
+    }
+    sync_cube();
+
+    let mut head = unit;
+    while head < heads {
+        let from = head * padded_nodes;
+        let mut dot = f32::new(0.0);
+        for node in 0..nodes {
+            dot += scratch.attention[from + node] * scratch.d_scores[from + node];
+        }
+        scratch.sums[head] = dot;
+        head += units;
+    }
+    sync_cube();
+    let mut i = unit;
+    while i < heads * nodes {
+        let head = i / nodes;
+        let at_score = head * padded_nodes + i % nodes;
+        let d_score = scratch.d_scores[at_score] - scratch.sums[head];
+        scratch.d_scores[at_score] = scratch.attention[at_score] * d_score;
+        i += units;
+    }
+    sync_cube();
+}
+
+/// Through score = query_head · keys[node, head] to the query and the glimpse keys. Ends at
+/// a barrier.
+#[cube]
+fn scores_backward<F: Float, M: Int>(
+    inputs: &StepInputs<F, M>,
+    at: &RowAt,
+    tensors: &mut BackwardTensors<F>,
+    sum: &PartialSum,
+    scratch: &mut BackwardScratch,
+    #[comptime] shape: StepShape,
+) {
+    let StepShape {
+        heads,
+        head_dim,
+        padded_nodes,
+    } = shape;
+    let d = heads * head_dim;
+    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
+    let nodes = at.nodes;
+    let mut f = unit;
+    while f < d {
+        let from = (f / head_dim) * padded_nodes;
+        let d_query = over_nodes(&scratch.d_scores, from, inputs.by_feature, f, at);
+        tensors.d_query[at.row * d + f] = F::cast_from(d_query);
+        f += units;
+    }
+    let mut i = unit;
+    while i < nodes * d {
+        let (node, f) = (i / d, i % d);
+        let query = f32::cast_from(inputs.query[at.query + f * at.query_feature]);
+        let term = scratch.d_scores[(f / head_dim) * padded_nodes + node] * query;
+        add_term(tensors.d_keys, sum, i, term);
+        i += units;
+    }
+    sync_cube();
 }
 
 #[cfg(test)]
