@@ -926,12 +926,8 @@ fn logits_backward<F: Float, M: Int>(
         scratch.d_glimpse[f] = over_nodes(&scratch.d_raw, 0, inputs.by_feature, d + f, at);
         f += units;
     }
-    let mut i = unit;
-    while i < nodes * d {
-        let term = scratch.d_raw[i / d] * scratch.glimpse[i % d];
-        add_term(tensors.d_logit_keys, sum, i, term);
-        i += units;
-    }
+    let (d_raw, glimpse) = (&scratch.d_raw, &scratch.glimpse);
+    add_outer(tensors.d_logit_keys, sum, d_raw, glimpse, nodes, d, shape);
     sync_cube();
 }
 
@@ -971,13 +967,16 @@ fn glimpse_backward<F: Float, M: Int>(
         );
         i += units;
     }
-    let mut i = unit;
-    while i < nodes * d {
-        let (node, f) = (i / d, i % d);
-        let term = scratch.attention[(f / head_dim) * padded_nodes + node] * scratch.d_glimpse[f];
-        add_term(tensors.d_values, sum, i, term);
-        i += units;
-    }
+    let (attention, d_glimpse) = (&scratch.attention, &scratch.d_glimpse);
+    add_outer(
+        tensors.d_values,
+        sum,
+        attention,
+        d_glimpse,
+        nodes,
+        head_dim,
+        shape,
+    );
     sync_cube();
 
     let mut head = unit;
@@ -1002,8 +1001,8 @@ fn glimpse_backward<F: Float, M: Int>(
     sync_cube();
 }
 
-/// Through score = query_head · keys[node, head] to the query and the glimpse keys. Ends at
-/// a barrier.
+/// Through score = query_head · keys[node, head] to the query and the glimpse keys. The
+/// glimpse's memory, free by now, holds the row's query as f32. Ends at a barrier.
 #[cube]
 fn scores_backward<F: Float, M: Int>(
     inputs: &StepInputs<F, M>,
@@ -1020,23 +1019,50 @@ fn scores_backward<F: Float, M: Int>(
     } = shape;
     let d = heads * head_dim;
     let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
-    let nodes = at.nodes;
     let mut f = unit;
     while f < d {
         let from = (f / head_dim) * padded_nodes;
         let d_query = over_nodes(&scratch.d_scores, from, inputs.by_feature, f, at);
         tensors.d_query[at.row * d + f] = F::cast_from(d_query);
+        scratch.glimpse[f] = f32::cast_from(inputs.query[at.query + f * at.query_feature]);
         f += units;
     }
-    let mut i = unit;
+    sync_cube();
+    let (d_scores, query) = (&scratch.d_scores, &scratch.glimpse);
+    add_outer(
+        tensors.d_keys,
+        sum,
+        d_scores,
+        query,
+        at.nodes,
+        head_dim,
+        shape,
+    );
+    sync_cube();
+}
+
+/// `grad[node, f] (+)= weights[(f / group) · Np + node] · features[f]` for the row's `nodes`
+/// nodes and d features, into the cube's partial sums ([`add_term`]): the outer product
+/// of a weight by node, one per `group` features (a head's, or with `group` = d the
+/// row's one), and a vector by feature.
+#[cube]
+fn add_outer<F: Float>(
+    grad: &mut Tensor<F>,
+    sum: &PartialSum,
+    weights: &Shared<[f32]>,
+    features: &Shared<[f32]>,
+    nodes: usize,
+    #[comptime] group: usize,
+    #[comptime] shape: StepShape,
+) {
+    let d = comptime!(shape.heads * shape.head_dim);
+    let mut i = UNIT_POS_X as usize;
     while i < nodes * d {
         let (node, f) = (i / d, i % d);
-        let query = f32::cast_from(inputs.query[at.query + f * at.query_feature]);
-        let term = scratch.d_scores[(f / head_dim) * padded_nodes + node] * query;
-        add_term(tensors.d_keys, sum, i, term);
-        i += units;
+        let term = weights[(f / group) * comptime!(shape.padded_nodes) + node] * features[f];
+        add_term(grad, sum, i, term);
+        i += CUBE_DIM_X as usize;
     }
-    sync_cube();
 }
 
 #[cfg(test)]
