@@ -22,9 +22,7 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 
-use super::cube_kernel::{
-    fits, query_from_context, step_row, StepContext, StepInputs, StepShape, UNITS,
-};
+use super::cube_kernel::{query_from_context, step_row, StepContext, StepInputs, StepShape, UNITS};
 use super::DecodeSpan;
 use crate::cube_launch::{address_type, cube_dim};
 use crate::state_kernel::{choose_in_cube, step_in_cube, Loads, StateSet};
@@ -91,11 +89,7 @@ pub(crate) fn decode(
         contiguous;
     let [b, nodes, d] = last_node_context.meta.shape().dims::<3>();
     let rows = demands.meta.shape().dims::<2>()[0];
-    assert!(
-        fits(nodes, heads, d, false) && d % heads == 0,
-        "the CubeCL decoder step's shared memory does not hold {nodes} nodes"
-    );
-    let shape = StepShape::new(heads, d, &by_feature);
+    let shape = StepShape::new(heads, d, nodes, &by_feature, false);
     let (float, int, boolean) = (
         last_node_context.dtype,
         start.int_like.dtype,

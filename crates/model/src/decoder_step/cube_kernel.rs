@@ -69,8 +69,20 @@ pub(super) struct StepShape {
 }
 
 impl StepShape {
-    /// A step of `heads` heads and `d` features over the keys by feature `[B, 3d, Np]`.
-    pub fn new(heads: usize, d: usize, by_feature: &CubeTensor) -> Self {
+    /// A step of `heads` heads, `d` features and `nodes` nodes over the keys by feature
+    /// `[B, 3d, Np]`, its forward or (`training`) its backward. The callers ask
+    /// `fused_on` first, so a step that does not fit the shared memory never gets here.
+    pub fn new(
+        heads: usize,
+        d: usize,
+        nodes: usize,
+        by_feature: &CubeTensor,
+        training: bool,
+    ) -> Self {
+        assert!(
+            fits(nodes, heads, d, training) && d.is_multiple_of(heads),
+            "the CubeCL decoder step's shared memory does not hold {nodes} nodes"
+        );
         let padded_nodes = by_feature.meta.shape().dims::<3>()[2];
         StepShape {
             heads,
@@ -96,11 +108,7 @@ pub(crate) fn forward(
     let by_feature = into_contiguous(by_feature);
     let mask = into_contiguous(mask);
     let [b, s, d] = query.meta.shape().dims::<3>();
-    assert!(
-        fits(nodes, heads, d, false) && d % heads == 0,
-        "the CubeCL decoder step's shared memory does not hold {nodes} nodes"
-    );
-    let shape = StepShape::new(heads, d, &by_feature);
+    let shape = StepShape::new(heads, d, nodes, &by_feature, false);
     let rows = b * s;
     let (float, boolean) = (query.dtype, mask.dtype);
     let output = empty_device_contiguous_dtype(
@@ -153,11 +161,7 @@ pub(crate) fn forward_from_context(
     let (last_node, mask) = (into_contiguous(last_node), into_contiguous(mask));
     let [b, nodes, d] = last_node_context.meta.shape().dims::<3>();
     let rows = mask.meta.shape().dims::<2>()[0];
-    assert!(
-        fits(nodes, heads, d, false) && d % heads == 0,
-        "the CubeCL decoder step's shared memory does not hold {nodes} nodes"
-    );
-    let shape = StepShape::new(heads, d, &by_feature);
+    let shape = StepShape::new(heads, d, nodes, &by_feature, false);
     let (float, int, boolean) = (last_node_context.dtype, last_node.dtype, mask.dtype);
     let empty = |shape: Shape| {
         let (client, device) = (mask.client.clone(), mask.device.clone());
@@ -662,7 +666,7 @@ pub(crate) fn backward(
     let [query, by_feature, mask, log_probs, grad_out] =
         [query, by_feature, mask, log_probs, grad_out].map(into_contiguous);
     let [b, s, d] = query.meta.shape().dims::<3>();
-    let shape = StepShape::new(heads, d, &by_feature);
+    let shape = StepShape::new(heads, d, nodes, &by_feature, true);
     let (float, boolean) = (query.dtype, mask.dtype);
     let empty = |shape: Shape| {
         empty_device_contiguous_dtype(query.client.clone(), query.device.clone(), shape, float)
