@@ -113,43 +113,8 @@ pub fn run(args: CompareArgs) -> Result<ExitCode, TrainError> {
             "--count-compiles needs --steps 3 or more (step 2 is Adam's first with moments)".into(),
         ));
     }
-    let backends = if args.backends.is_empty() {
-        // Fastest-first order is for the default; a comparison reads better CPU-first.
-        let mut b = Backend::compiled();
-        b.sort_by_key(|b| Backend::ALL.iter().position(|a| a == b));
-        b
-    } else {
-        args.backends
-            .iter()
-            .map(|name| Backend::resolve(Some(name)).map_err(TrainError::from))
-            .collect::<Result<Vec<_>, _>>()?
-    };
-    let (config, config_dir, trained) = match (&args.checkpoint, &args.config) {
-        (Some(path), _) => {
-            let mut trained = TrainedModel::load(path, &backends[0].device()?)?;
-            if let Some(precision) = args.matmul_precision {
-                trained = trained.with_matmul_precision(precision)?;
-            }
-            let RoutingModel::Attention(model) = trained.model else {
-                return Err(TrainError::Input(format!(
-                    "{}: compare-backends compares the attention model, this is the {} model",
-                    path.display(),
-                    trained.config.model_kind()
-                )));
-            };
-            (trained.config, None, Some(model))
-        }
-        (None, Some(path)) => (
-            Config::load_as(path, Some(ModelKind::Attention))?,
-            path.parent().map(Path::to_path_buf),
-            None,
-        ),
-        (None, None) => (
-            Config::embedded_default_as(Some(ModelKind::Attention))?,
-            None,
-            None,
-        ),
-    };
+    let backends = backends(&args.backends)?;
+    let (config, config_dir, trained) = model_source(&args, backends[0])?;
     let mut config = per_step_config(config, args.steps);
     if let Some(precision) = args.matmul_precision {
         config.set_matmul_precision(precision)?;
@@ -192,6 +157,55 @@ pub fn run(args: CompareArgs) -> Result<ExitCode, TrainError> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// The backends named by `--backends`, or every compiled one, CPU first.
+fn backends(names: &[String]) -> Result<Vec<Backend>, TrainError> {
+    if names.is_empty() {
+        // Fastest-first order is for the default; a comparison reads better CPU-first.
+        let mut b = Backend::compiled();
+        b.sort_by_key(|b| Backend::ALL.iter().position(|a| a == b));
+        return Ok(b);
+    }
+    names
+        .iter()
+        .map(|name| Backend::resolve(Some(name)).map_err(TrainError::from))
+        .collect()
+}
+
+/// What is compared: a checkpoint's config and trained attention model (loaded on
+/// `first`'s device), or a config file's (with its directory, where its paths start) or
+/// the embedded default's, trained from fresh weights.
+fn model_source(
+    args: &CompareArgs,
+    first: Backend,
+) -> Result<(Config, Option<PathBuf>, Option<AttentionModel>), TrainError> {
+    match (&args.checkpoint, &args.config) {
+        (Some(path), _) => {
+            let mut trained = TrainedModel::load(path, &first.device()?)?;
+            if let Some(precision) = args.matmul_precision {
+                trained = trained.with_matmul_precision(precision)?;
+            }
+            let RoutingModel::Attention(model) = trained.model else {
+                return Err(TrainError::Input(format!(
+                    "{}: compare-backends compares the attention model, this is the {} model",
+                    path.display(),
+                    trained.config.model_kind()
+                )));
+            };
+            Ok((trained.config, None, Some(model)))
+        }
+        (None, Some(path)) => Ok((
+            Config::load_as(path, Some(ModelKind::Attention))?,
+            path.parent().map(Path::to_path_buf),
+            None,
+        )),
+        (None, None) => Ok((
+            Config::embedded_default_as(Some(ModelKind::Attention))?,
+            None,
+            None,
+        )),
+    }
 }
 
 const COUNTS_DIR: &str = "compile-counts";
@@ -622,8 +636,9 @@ fn agreement(reference: &BackendReport, other: &BackendReport) -> (f64, f64, usi
     (absolute, per_step, differing)
 }
 
+/// The comparison's table (a row a backend: its step time, phases, peak memory and
+/// agreement with the first backend) and its loss table, and whether every backend agreed.
 fn render(reports: &[BackendReport], config: &Config, tolerance: Option<f64>) -> (String, bool) {
-    let t = &config.training;
     let color = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let (red, green, reset) = if color {
         ("\x1b[31m", "\x1b[32m", "\x1b[0m")
@@ -635,48 +650,11 @@ fn render(reports: &[BackendReport], config: &Config, tolerance: Option<f64>) ->
         ModelConfig::Attention(a) => a.matmul_precision,
         ModelConfig::Pointer(_) => MatmulPrecision::High,
     };
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "\nn = {}, batch {}, {} steps, baseline {}, seed {}, {} shard(s) on every backend (training.shards), matmul precision {precision}; first step excluded from the timing (warm-up)\n",
-        config.problem.n, t.batch_size, t.epochs, format!("{:?}", config.reinforce.baseline).to_lowercase(), t.seed, t.shards.unwrap_or(1),
-    );
-    let _ = write!(s, "| backend | s/step | inst/s |");
-    for p in Phase::step_phases() {
-        let _ = write!(s, " {} |", p.name());
-    }
-    let _ = writeln!(
-        s,
-        " peak RSS | max abs Δll | max Δll per step | own greedy tours differing | agreement |"
-    );
-    let _ = write!(s, "|---|---|---|");
-    for _ in Phase::step_phases() {
-        let _ = write!(s, "---|");
-    }
-    let _ = writeln!(s, "---|---|---|---|---|");
+    let mut s = table_header(config, precision);
     let mut all_agree = true;
     let reference = &reports[0];
     for r in reports {
-        // Step 1 pays one-time costs (allocator warm-up, lazy kernels): leave it out when
-        // there is more than one.
-        let timed: &[EpochMetrics] = if r.steps.len() > 1 {
-            &r.steps[1..]
-        } else {
-            &r.steps
-        };
-        let k = timed.len() as f64;
-        let phase = |p: Phase| timed.iter().map(|m| m.phases.seconds(p)).sum::<f64>() / k;
-        let per_step: f64 = Phase::step_phases().map(phase).sum();
-        let _ = write!(
-            s,
-            "| {} | {:.3} | {:.0} |",
-            r.backend,
-            per_step,
-            t.batch_size as f64 / per_step
-        );
-        for p in Phase::step_phases() {
-            let _ = write!(s, " {:.3} |", phase(p));
-        }
+        let _ = write!(s, "{}", timing_cells(r, config.training.batch_size));
         let rss = r
             .peak_rss_bytes
             .map_or("n/a".into(), |b| format!("{:.0} MiB", b as f64 / 1048576.0));
@@ -702,7 +680,7 @@ fn render(reports: &[BackendReport], config: &Config, tolerance: Option<f64>) ->
         let _ = writeln!(s, " {rss} | {diff} | {differing} | {verdict} |");
     }
 
-    s.push_str(&loss_table(reports, t.epochs));
+    s.push_str(&loss_table(reports, config.training.epochs));
     if !all_agree {
         let _ = writeln!(
             s,
@@ -710,6 +688,56 @@ fn render(reports: &[BackendReport], config: &Config, tolerance: Option<f64>) ->
         );
     }
     (s, all_agree)
+}
+
+/// What was run, and the comparison table's head.
+fn table_header(config: &Config, precision: MatmulPrecision) -> String {
+    let t = &config.training;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\nn = {}, batch {}, {} steps, baseline {}, seed {}, {} shard(s) on every backend (training.shards), matmul precision {precision}; first step excluded from the timing (warm-up)\n",
+        config.problem.n, t.batch_size, t.epochs, format!("{:?}", config.reinforce.baseline).to_lowercase(), t.seed, t.shards.unwrap_or(1),
+    );
+    let _ = write!(s, "| backend | s/step | inst/s |");
+    for p in Phase::step_phases() {
+        let _ = write!(s, " {} |", p.name());
+    }
+    let _ = writeln!(
+        s,
+        " peak RSS | max abs Δll | max Δll per step | own greedy tours differing | agreement |"
+    );
+    let _ = write!(s, "|---|---|---|");
+    for _ in Phase::step_phases() {
+        let _ = write!(s, "---|");
+    }
+    let _ = writeln!(s, "---|---|---|---|---|");
+    s
+}
+
+/// A backend's row up to its phases: the mean seconds a step, instances a second and each
+/// phase's mean seconds.
+fn timing_cells(r: &BackendReport, batch_size: usize) -> String {
+    // Step 1 pays one-time costs (allocator warm-up, lazy kernels): leave it out when
+    // there is more than one.
+    let timed: &[EpochMetrics] = if r.steps.len() > 1 {
+        &r.steps[1..]
+    } else {
+        &r.steps
+    };
+    let k = timed.len() as f64;
+    let phase = |p: Phase| timed.iter().map(|m| m.phases.seconds(p)).sum::<f64>() / k;
+    let per_step: f64 = Phase::step_phases().map(phase).sum();
+    let mut s = format!(
+        "| {} | {:.3} | {:.0} |",
+        r.backend,
+        per_step,
+        batch_size as f64 / per_step
+    );
+    for p in Phase::step_phases() {
+        let _ = write!(s, " {:.3} |", phase(p));
+    }
+    s
 }
 
 /// Each step's loss (and train cost) on every backend, side by side.
