@@ -13,7 +13,7 @@
 //! back (a row's `N + 4` values, against the step's `H·N·d` products).
 
 use burn::backend::cubecl::dtype_to_storage_type;
-use burn::tensor::Shape;
+use burn::tensor::{DType, Shape};
 // The `cube` macro's expansion names the `cubecl` crate: Burn's re-export of it.
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
@@ -75,87 +75,47 @@ pub(crate) fn decode(
     heads: usize,
     (tanh_clipping, temperature): (f32, f32),
 ) -> [CubeTensor; 5] {
-    let contiguous = [
+    let inputs = [
         fixed_context,
         last_node_context,
         capacity_context,
         by_feature,
+        start.noise,
         start.demands,
         start.capacity,
-        start.noise,
     ]
     .map(into_contiguous);
-    let [fixed_context, last_node_context, capacity_context, by_feature, demands, capacity, noise] =
-        contiguous;
-    let [b, nodes, d] = last_node_context.meta.shape().dims::<3>();
-    let rows = demands.meta.shape().dims::<2>()[0];
-    let shape = StepShape::new(heads, d, nodes, &by_feature, false);
-    let (float, int, boolean) = (
-        last_node_context.dtype,
-        start.int_like.dtype,
-        start.bool_like.dtype,
+    let [b, nodes, d] = inputs[1].meta.shape().dims::<3>();
+    let rows = inputs[5].meta.shape()[0];
+    let shape = StepShape::new(heads, d, nodes, &inputs[3], false);
+    let dtypes = [inputs[1].dtype, start.int_like.dtype, start.bool_like.dtype];
+    let work = WorkingTensors::new(&inputs[5], dtypes, b, d, &span);
+    let client = inputs[0].client.clone();
+    let address = address_type(inputs.iter().chain(work.all()));
+    let scalars = DecodeScalarsLaunch::new(
+        tanh_clipping / temperature,
+        start.tolerance,
+        u32::from(start.sample),
+        span.first as u32,
+        span.steps as u32,
+        u32::from(span.log_likelihood),
+        u32::from(span.record_seen),
     );
-    let empty = |shape: Shape, dtype| {
-        let (client, device) = (demands.client.clone(), demands.device.clone());
-        empty_device_contiguous_dtype(client, device, shape, dtype)
-    };
-    // Working tensors: the step's query `[B, S, d]` and log-probabilities, and the state's
-    // current and next sets.
-    let query = empty(Shape::new([b, rows / b, d]), float);
-    let log_p = empty(Shape::new([rows, nodes]), float);
-    let state = |dtype_of_row: [burn::tensor::DType; 5]| {
-        let [node, load, flags, mask, fraction] = dtype_of_row;
-        [
-            empty(Shape::new([rows, 1]), node),
-            empty(Shape::new([rows, 1]), load),
-            empty(Shape::new([rows, nodes]), flags),
-            empty(Shape::new([rows, nodes]), mask),
-            empty(Shape::new([rows, 1]), fraction),
-        ]
-    };
-    let [now_node, now_used, now_served, now_mask, now_remaining] =
-        state([int, float, float, boolean, float]);
-    let [next_node, next_used, next_served, next_mask, next_remaining] =
-        state([int, float, float, boolean, float]);
-    let [actions, log_likelihood, seen_mask, seen_remaining, seen_rows] =
-        output_shapes(&span, rows, nodes);
-    let actions = empty(actions, int);
-    let log_likelihood = empty(log_likelihood, float);
-    let seen_mask = empty(seen_mask, boolean);
-    let seen_remaining = empty(seen_remaining, float);
-    let seen_rows = empty(seen_rows, int);
-    let noise_width = noise.meta.shape()[1] as u32;
-    let client = demands.client.clone();
+    let [fixed_context, last_node_context, capacity_context, by_feature, noise, demands, capacity] =
+        inputs;
+    let WorkingTensors {
+        query,
+        log_p,
+        now: [now_node, now_used, now_served, now_mask, now_remaining],
+        next: [next_node, next_used, next_served, next_mask, next_remaining],
+        outputs,
+    } = work;
+    let [actions, log_likelihood, seen_mask, seen_remaining, seen_rows] = outputs.clone();
     decode_kernel::launch(
         &client,
         CubeCount::Static(rows as u32, 1, 1),
         cube_dim(&client, UNITS),
-        address_type([
-            &fixed_context,
-            &last_node_context,
-            &capacity_context,
-            &by_feature,
-            &noise,
-            &demands,
-            &capacity,
-            &query,
-            &log_p,
-            &now_node,
-            &now_used,
-            &now_served,
-            &now_mask,
-            &now_remaining,
-            &next_node,
-            &next_used,
-            &next_served,
-            &next_mask,
-            &next_remaining,
-            &actions,
-            &log_likelihood,
-            &seen_mask,
-            &seen_remaining,
-            &seen_rows,
-        ]),
+        address,
         fixed_context.into_tensor_arg(),
         last_node_context.into_tensor_arg(),
         capacity_context.into_tensor_arg(),
@@ -175,40 +135,123 @@ pub(crate) fn decode(
         next_served.into_tensor_arg(),
         next_mask.into_tensor_arg(),
         next_remaining.into_tensor_arg(),
-        actions.clone().into_tensor_arg(),
-        log_likelihood.clone().into_tensor_arg(),
-        seen_mask.clone().into_tensor_arg(),
-        seen_remaining.clone().into_tensor_arg(),
-        seen_rows.clone().into_tensor_arg(),
-        tanh_clipping / temperature,
-        start.tolerance,
-        (rows / b) as u32,
-        nodes as u32,
-        u32::from(start.sample),
-        noise_width,
-        span.first as u32,
-        span.steps as u32,
-        u32::from(span.log_likelihood),
-        u32::from(span.record_seen),
+        actions.into_tensor_arg(),
+        log_likelihood.into_tensor_arg(),
+        seen_mask.into_tensor_arg(),
+        seen_remaining.into_tensor_arg(),
+        seen_rows.into_tensor_arg(),
+        scalars,
         shape,
-        [float, int, boolean].map(dtype_to_storage_type),
+        dtypes.map(dtype_to_storage_type),
     );
-    [
-        actions,
-        log_likelihood,
-        seen_mask,
-        seen_remaining,
-        seen_rows,
-    ]
+    outputs
 }
 
-/// Row `CUBE_POS_X`'s whole decode: the start state made in the current set (each vehicle
-/// stepped to the depot from an empty route, then with `first` = 1 to customer s + 1,
-/// rollout s of its instance: POMO's forced first step), then at each step the query from
-/// the context ([`query_from_context`]), the step ([`step_row`]), the choice
-/// (`choose_in_cube`, noise column `first + t`), the state's step into the next set
-/// and the next set copied back ([`step_and_copy_back`]), with the action (and the chosen
-/// log-probability, where asked) recorded.
+/// What [`decode`] allocates beside its inputs: the step's query `[B, S, d]` and
+/// log-probabilities `[R, N]`; the state's current and next sets, each the node a row
+/// stands at, its load, served flags, mask and remaining capacity fraction (`[R, 1]`,
+/// `[R, 1]`, `[R, N]`, `[R, N]`, `[R, 1]`); and the five outputs as [`output_shapes`].
+struct WorkingTensors {
+    query: CubeTensor,
+    log_p: CubeTensor,
+    now: [CubeTensor; 5],
+    next: [CubeTensor; 5],
+    outputs: [CubeTensor; 5],
+}
+
+impl WorkingTensors {
+    /// For `demands`' rows `[R, N]` (R = B · S), in the float, int and bool `dtypes`, on
+    /// `demands`' device.
+    fn new(
+        demands: &CubeTensor,
+        dtypes: [DType; 3],
+        b: usize,
+        d: usize,
+        span: &DecodeSpan,
+    ) -> Self {
+        let [rows, nodes] = demands.meta.shape().dims::<2>();
+        let [float, int, boolean] = dtypes;
+        let empty = |shape: Shape, dtype| {
+            let (client, device) = (demands.client.clone(), demands.device.clone());
+            empty_device_contiguous_dtype(client, device, shape, dtype)
+        };
+        let state = || {
+            [
+                empty(Shape::new([rows, 1]), int),
+                empty(Shape::new([rows, 1]), float),
+                empty(Shape::new([rows, nodes]), float),
+                empty(Shape::new([rows, nodes]), boolean),
+                empty(Shape::new([rows, 1]), float),
+            ]
+        };
+        let [actions, log_likelihood, seen_mask, seen_remaining, seen_rows] =
+            output_shapes(span, rows, nodes);
+        Self {
+            query: empty(Shape::new([b, rows / b, d]), float),
+            log_p: empty(Shape::new([rows, nodes]), float),
+            now: state(),
+            next: state(),
+            outputs: [
+                empty(actions, int),
+                empty(log_likelihood, float),
+                empty(seen_mask, boolean),
+                empty(seen_remaining, float),
+                empty(seen_rows, int),
+            ],
+        }
+    }
+
+    fn all(&self) -> impl Iterator<Item = &CubeTensor> {
+        [&self.query, &self.log_p]
+            .into_iter()
+            .chain(&self.now)
+            .chain(&self.next)
+            .chain(&self.outputs)
+    }
+}
+
+/// What a decode's launch passes as values: C / T (the tanh clipping over the
+/// temperature), the capacity test's tolerance, whether rows sample (1) or take the most
+/// likely node (0), POMO's forced first step (`first`, 0 or 1) and the steps after it, and
+/// whether the log-likelihood is summed and what each step met is recorded (1 or 0).
+#[derive(CubeLaunch, CubeType)]
+struct DecodeScalars {
+    scale: f32,
+    tolerance: f32,
+    sample: u32,
+    first: u32,
+    steps: u32,
+    keep_log_likelihood: u32,
+    record_seen: u32,
+}
+
+/// A row's state as the decode keeps it: the node it stands at (`[R, 1]`) and the rest
+/// (a [`StateSet`]), in the current set a step reads and the next set it writes.
+#[derive(CubeType)]
+struct DecodeState<'a, F: Float, I: Int, M: Int> {
+    now_node: &'a mut Tensor<I>,
+    now: StateSet<'a, F, M>,
+    next_node: &'a mut Tensor<I>,
+    next: StateSet<'a, F, M>,
+}
+
+/// What the decode gives back, as [`output_shapes`]: the actions, the log-likelihood and,
+/// where recorded, each step's mask, remaining capacity fraction and context row.
+#[derive(CubeType)]
+struct DecodeRecord<'a, F: Float, I: Int, M: Int> {
+    actions: &'a mut Tensor<I>,
+    log_likelihood: &'a mut Tensor<F>,
+    seen_mask: &'a mut Tensor<M>,
+    seen_remaining: &'a mut Tensor<F>,
+    seen_rows: &'a mut Tensor<I>,
+}
+
+/// Row `CUBE_POS_X`'s whole decode: the start state ([`start_row`]), then at each step
+/// what it meets recorded (where asked, [`record_seen`]), the query from the context
+/// ([`query_from_context`]), the step ([`step_row`]), the choice (`choose_in_cube`, noise
+/// column `first + t`), the state's step into the next set and the next set copied back
+/// ([`step_and_copy_back`]), with the action (and the chosen log-probability, where asked)
+/// recorded.
 #[cube(launch, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn decode_kernel<F: Float, I: Int, M: Int>(
@@ -236,55 +279,37 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
     seen_mask: &mut Tensor<M>,
     seen_remaining: &mut Tensor<F>,
     seen_rows: &mut Tensor<I>,
-    scale: f32,
-    tolerance: f32,
-    starts: u32,
-    node_count: u32,
-    sample: u32,
-    noise_width: u32,
-    first: u32,
-    steps: u32,
-    keep_log_likelihood: u32,
-    record_seen: u32,
+    scalars: &DecodeScalars,
     #[comptime] shape: StepShape,
     #[define(F, I, M)] _dtypes: [ElemType; 3],
 ) {
-    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
     let row = CUBE_POS_X as usize;
-    let nodes = node_count as usize;
-    let (first, steps) = (first as usize, steps as usize);
-    let width = first + steps;
-    let loads = Loads::new(demands, capacity, tolerance);
-    let mut now = StateSet::new(now_used, now_served, now_mask, now_remaining);
-    let mut next = StateSet::new(next_used, next_served, next_mask, next_remaining);
+    let (starts, nodes) = (query.shape(1), demands.shape(1));
+    let (first, steps) = (scalars.first as usize, scalars.steps as usize);
+    let loads = Loads::new(demands, capacity, scalars.tolerance);
+    let mut state = DecodeState::new(
+        now_node,
+        StateSet::new(now_used, now_served, now_mask, now_remaining),
+        next_node,
+        StateSet::new(next_used, next_served, next_mask, next_remaining),
+    );
+    let mut record = DecodeRecord::new(
+        actions,
+        log_likelihood,
+        seen_mask,
+        seen_remaining,
+        seen_rows,
+    );
     let mut flags = Shared::new_slice(2usize);
-    // Every vehicle at the depot with an empty route, stepped to the depot: the state
-    // kernel's first step.
-    let mut node = unit;
-    while node < nodes {
-        now.served[row * nodes + node] = F::new(0.0);
-        node += units;
-    }
-    if unit == 0 {
-        now.used[row] = F::new(0.0);
-        log_likelihood[row] = F::new(0.0);
-    }
-    // POMO's row (instance i, start s) begins with customer s + 1.
-    let start = row % starts as usize + 1;
-    for k in 0..first + 1 {
-        let to = k * start;
-        if unit == 0 {
-            flags[1] = f32::new(0.0);
-        }
-        sync_cube();
-        step_and_copy_back(
-            to, row, nodes, &loads, now_node, &mut now, next_node, &mut next, &mut flags,
-        );
-    }
-    if unit == 0 && first == 1 {
-        actions[row * width] = I::cast_from(start);
-    }
-    sync_cube();
+    start_row(
+        row,
+        starts,
+        first,
+        &loads,
+        &mut state,
+        &mut record,
+        &mut flags,
+    );
 
     let StepShape {
         heads,
@@ -295,28 +320,26 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
     let mut attention = Shared::new_slice(heads * padded_nodes);
     let mut logits = Shared::new_slice(padded_nodes);
     for t in 0..steps {
-        if record_seen == 1u32 {
-            let mut node = unit;
-            while node < nodes {
-                seen_mask[(row * steps + t) * nodes + node] = now.mask[row * nodes + node];
-                node += units;
-            }
-            if unit == 0 {
-                seen_remaining[row * steps + t] = now.remaining[row];
-                let instance = row / starts as usize;
-                let node = usize::cast_from(now_node[row]);
-                seen_rows[row * steps + t] = I::cast_from(instance * nodes + node);
-            }
+        if scalars.record_seen == 1u32 {
+            record_seen(row, t, steps, starts, &state, &mut record);
         }
+        let remaining = &*state.now.remaining;
         query_from_context(
             &context,
-            &*now.remaining,
-            &*now_node,
+            remaining,
+            &*state.now_node,
             query,
             heads * head_dim,
         );
-        let inputs = StepInputs::new(&*query, by_feature, &*now.mask);
-        step_row(&inputs, log_p, &mut attention, &mut logits, scale, shape);
+        let inputs = StepInputs::new(&*query, by_feature, &*state.now.mask);
+        step_row(
+            &inputs,
+            log_p,
+            &mut attention,
+            &mut logits,
+            scalars.scale,
+            shape,
+        );
         sync_cube();
         let to = choose_in_cube(
             &logits,
@@ -324,41 +347,100 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
             noise,
             row,
             nodes,
-            sample,
-            noise_width as usize,
+            scalars.sample,
+            noise.shape(1),
             first + t,
             &mut flags,
             heads * padded_nodes,
         );
-        step_and_copy_back(
-            to, row, nodes, &loads, now_node, &mut now, next_node, &mut next, &mut flags,
-        );
-        if unit == 0 {
-            let to = next_node[row];
-            actions[row * width + first + t] = to;
-            if keep_log_likelihood == 1u32 {
+        step_and_copy_back(to, row, nodes, &loads, &mut state, &mut flags);
+        if UNIT_POS_X == 0 {
+            let to = state.next_node[row];
+            record.actions[row * (first + steps) + first + t] = to;
+            if scalars.keep_log_likelihood == 1u32 {
                 // In the float type and step order of the step-by-step decode's running sum.
-                log_likelihood[row] += log_p[row * nodes + usize::cast_from(to)];
+                record.log_likelihood[row] += log_p[row * nodes + usize::cast_from(to)];
             }
         }
         sync_cube();
     }
 }
 
+/// Row `row`'s start in the current set: every vehicle at the depot with an empty route,
+/// stepped to the depot (the state kernel's first step), then with `first` = 1 to
+/// customer s + 1, rollout s of its instance (POMO's forced first step, recorded as the
+/// row's first action); the log-likelihood zero.
+#[cube]
+fn start_row<F: Float, I: Int, M: Int>(
+    row: usize,
+    starts: usize,
+    first: usize,
+    loads: &Loads<F>,
+    state: &mut DecodeState<F, I, M>,
+    record: &mut DecodeRecord<F, I, M>,
+    flags: &mut Shared<[f32]>,
+) {
+    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
+    let nodes = loads.demands.shape(1);
+    let mut node = unit;
+    while node < nodes {
+        state.now.served[row * nodes + node] = F::new(0.0);
+        node += units;
+    }
+    if unit == 0 {
+        state.now.used[row] = F::new(0.0);
+        record.log_likelihood[row] = F::new(0.0);
+    }
+    // POMO's row (instance i, start s) begins with customer s + 1.
+    let start = row % starts + 1;
+    for k in 0..first + 1 {
+        if unit == 0 {
+            flags[1] = f32::new(0.0);
+        }
+        sync_cube();
+        step_and_copy_back(k * start, row, nodes, loads, state, flags);
+    }
+    if unit == 0 && first == 1 {
+        let width = record.actions.shape(1);
+        record.actions[row * width] = I::cast_from(start);
+    }
+    sync_cube();
+}
+
+/// What row `row` meets at step `t` of `steps`: its mask, remaining capacity fraction
+/// and context row (instance i · N + the node it stands at).
+#[cube]
+fn record_seen<F: Float, I: Int, M: Int>(
+    row: usize,
+    t: usize,
+    steps: usize,
+    starts: usize,
+    state: &DecodeState<F, I, M>,
+    record: &mut DecodeRecord<F, I, M>,
+) {
+    let nodes = state.now.mask.shape(1);
+    let mut node = UNIT_POS_X as usize;
+    while node < nodes {
+        record.seen_mask[(row * steps + t) * nodes + node] = state.now.mask[row * nodes + node];
+        node += CUBE_DIM_X as usize;
+    }
+    if UNIT_POS_X == 0 {
+        record.seen_remaining[row * steps + t] = state.now.remaining[row];
+        let node = usize::cast_from(state.now_node[row]);
+        record.seen_rows[row * steps + t] = I::cast_from((row / starts) * nodes + node);
+    }
+}
+
 /// The row's step to `to` from the current set into the next ([`step_in_cube`], with its
 /// `flags`), and after a barrier the next set copied back into the current one
-/// ([`copy_state`]).
+/// ([`copy_back`]).
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn step_and_copy_back<F: Float, I: Int, M: Int>(
     to: usize,
     row: usize,
     nodes: usize,
     loads: &Loads<F>,
-    now_node: &mut Tensor<I>,
-    now: &mut StateSet<F, M>,
-    next_node: &mut Tensor<I>,
-    next: &mut StateSet<F, M>,
+    state: &mut DecodeState<F, I, M>,
     flags: &mut Shared<[f32]>,
 ) {
     step_in_cube(
@@ -366,37 +448,66 @@ fn step_and_copy_back<F: Float, I: Int, M: Int>(
         row,
         nodes,
         loads,
-        &*now.used,
-        &*now.served,
-        next_node,
-        next,
+        &*state.now.used,
+        &*state.now.served,
+        state.next_node,
+        &mut state.next,
         flags,
     );
     sync_cube();
-    copy_state(&*next_node, &*next, now_node, now, row, nodes);
+    copy_back(state, row, nodes);
 }
 
-/// Row `row`'s state in the `from` set (and `from_node`) copied into the `to` set (and
-/// `to_node`): its served flags and mask (`[R, N]`) by the cube's units, its node, load and
-/// remaining capacity fraction (`[R, 1]`) by the first unit.
+/// Row `row`'s next set copied into its current one: its served flags and mask (`[R, N]`)
+/// by the cube's units, its node, load and remaining capacity fraction (`[R, 1]`) by the
+/// first unit.
 #[cube]
-fn copy_state<F: Float, I: Int, M: Int>(
-    from_node: &Tensor<I>,
-    from: &StateSet<F, M>,
-    to_node: &mut Tensor<I>,
-    to: &mut StateSet<F, M>,
-    row: usize,
-    nodes: usize,
-) {
+fn copy_back<F: Float, I: Int, M: Int>(state: &mut DecodeState<F, I, M>, row: usize, nodes: usize) {
     let mut node = UNIT_POS_X as usize;
     while node < nodes {
-        to.served[row * nodes + node] = from.served[row * nodes + node];
-        to.mask[row * nodes + node] = from.mask[row * nodes + node];
+        state.now.served[row * nodes + node] = state.next.served[row * nodes + node];
+        state.now.mask[row * nodes + node] = state.next.mask[row * nodes + node];
         node += CUBE_DIM_X as usize;
     }
     if UNIT_POS_X == 0 {
-        to_node[row] = from_node[row];
-        to.used[row] = from.used[row];
-        to.remaining[row] = from.remaining[row];
+        state.now_node[row] = state.next_node[row];
+        state.now.used[row] = state.next.used[row];
+        state.now.remaining[row] = state.next.remaining[row];
+    }
+}
+
+#[cube]
+impl<'a, F: Float, I: Int, M: Int> DecodeState<'a, F, I, M> {
+    pub fn new(
+        now_node: &'a mut Tensor<I>,
+        now: StateSet<'a, F, M>,
+        next_node: &'a mut Tensor<I>,
+        next: StateSet<'a, F, M>,
+    ) -> Self {
+        DecodeState::<'a, F, I, M> {
+            now_node,
+            now,
+            next_node,
+            next,
+        }
+    }
+}
+
+#[cube]
+impl<'a, F: Float, I: Int, M: Int> DecodeRecord<'a, F, I, M> {
+    pub fn new(
+        actions: &'a mut Tensor<I>,
+        log_likelihood: &'a mut Tensor<F>,
+        seen_mask: &'a mut Tensor<M>,
+        seen_remaining: &'a mut Tensor<F>,
+        seen_rows: &'a mut Tensor<I>,
+    ) -> Self {
+        DecodeRecord::<'a, F, I, M> {
+            actions,
+            log_likelihood,
+            seen_mask,
+            seen_remaining,
+            seen_rows,
+        }
     }
 }
