@@ -85,13 +85,12 @@ pub(crate) fn decode(
         start.capacity,
     ]
     .map(into_contiguous);
-    let [b, nodes, d] = inputs[1].meta.shape().dims::<3>();
-    let rows = inputs[5].meta.shape()[0];
-    let shape = StepShape::new(heads, d, nodes, &inputs[3], false);
-    let dtypes = [inputs[1].dtype, start.int_like.dtype, start.bool_like.dtype];
-    let work = WorkingTensors::new(&inputs[5], dtypes, b, d, &span);
-    let client = inputs[0].client.clone();
-    let address = address_type(inputs.iter().chain(work.all()));
+    let [_, last_node_context, _, by_feature, _, demands, _] = &inputs;
+    let [b, nodes, d] = last_node_context.meta.shape().dims::<3>();
+    let shape = StepShape::new(heads, d, nodes, by_feature, false);
+    let float = last_node_context.dtype;
+    let dtypes = [float, start.int_like.dtype, start.bool_like.dtype];
+    let work = WorkingTensors::new(demands, dtypes, b, d, &span);
     let scalars = DecodeScalarsLaunch::new(
         tanh_clipping / temperature,
         start.tolerance,
@@ -101,50 +100,7 @@ pub(crate) fn decode(
         u32::from(span.log_likelihood),
         u32::from(span.record_seen),
     );
-    let [fixed_context, last_node_context, capacity_context, by_feature, noise, demands, capacity] =
-        inputs;
-    let WorkingTensors {
-        query,
-        log_p,
-        now: [now_node, now_used, now_served, now_mask, now_remaining],
-        next: [next_node, next_used, next_served, next_mask, next_remaining],
-        outputs,
-    } = work;
-    let [actions, log_likelihood, seen_mask, seen_remaining, seen_rows] = outputs.clone();
-    decode_kernel::launch(
-        &client,
-        CubeCount::Static(rows as u32, 1, 1),
-        cube_dim(&client, UNITS),
-        address,
-        fixed_context.into_tensor_arg(),
-        last_node_context.into_tensor_arg(),
-        capacity_context.into_tensor_arg(),
-        by_feature.into_tensor_arg(),
-        noise.into_tensor_arg(),
-        demands.into_tensor_arg(),
-        capacity.into_tensor_arg(),
-        query.into_tensor_arg(),
-        log_p.into_tensor_arg(),
-        now_node.into_tensor_arg(),
-        now_used.into_tensor_arg(),
-        now_served.into_tensor_arg(),
-        now_mask.into_tensor_arg(),
-        now_remaining.into_tensor_arg(),
-        next_node.into_tensor_arg(),
-        next_used.into_tensor_arg(),
-        next_served.into_tensor_arg(),
-        next_mask.into_tensor_arg(),
-        next_remaining.into_tensor_arg(),
-        actions.into_tensor_arg(),
-        log_likelihood.into_tensor_arg(),
-        seen_mask.into_tensor_arg(),
-        seen_remaining.into_tensor_arg(),
-        seen_rows.into_tensor_arg(),
-        scalars,
-        shape,
-        dtypes.map(dtype_to_storage_type),
-    );
-    outputs
+    work.launch(inputs, scalars, shape, dtypes)
 }
 
 /// What [`decode`] allocates beside its inputs: the step's query `[B, S, d]` and
@@ -199,6 +155,64 @@ impl WorkingTensors {
                 empty(seen_rows, int),
             ],
         }
+    }
+
+    /// [`decode_kernel`] on `inputs` (the contexts, keys by feature, noise, demands and
+    /// capacity, as [`decode`] lists them) with these tensors; the outputs.
+    fn launch(
+        self,
+        inputs: [CubeTensor; 7],
+        scalars: DecodeScalarsLaunch,
+        shape: StepShape,
+        dtypes: [DType; 3],
+    ) -> [CubeTensor; 5] {
+        let client = inputs[0].client.clone();
+        let rows = self.log_p.meta.shape()[0];
+        let address = address_type(inputs.iter().chain(self.all()));
+        let [fixed_context, last_node_context, capacity_context, by_feature, noise, demands, capacity] =
+            inputs;
+        let WorkingTensors {
+            query,
+            log_p,
+            now: [now_node, now_used, now_served, now_mask, now_remaining],
+            next: [next_node, next_used, next_served, next_mask, next_remaining],
+            outputs,
+        } = self;
+        let [actions, log_likelihood, seen_mask, seen_remaining, seen_rows] = outputs.clone();
+        decode_kernel::launch(
+            &client,
+            CubeCount::Static(rows as u32, 1, 1),
+            cube_dim(&client, UNITS),
+            address,
+            fixed_context.into_tensor_arg(),
+            last_node_context.into_tensor_arg(),
+            capacity_context.into_tensor_arg(),
+            by_feature.into_tensor_arg(),
+            noise.into_tensor_arg(),
+            demands.into_tensor_arg(),
+            capacity.into_tensor_arg(),
+            query.into_tensor_arg(),
+            log_p.into_tensor_arg(),
+            now_node.into_tensor_arg(),
+            now_used.into_tensor_arg(),
+            now_served.into_tensor_arg(),
+            now_mask.into_tensor_arg(),
+            now_remaining.into_tensor_arg(),
+            next_node.into_tensor_arg(),
+            next_used.into_tensor_arg(),
+            next_served.into_tensor_arg(),
+            next_mask.into_tensor_arg(),
+            next_remaining.into_tensor_arg(),
+            actions.into_tensor_arg(),
+            log_likelihood.into_tensor_arg(),
+            seen_mask.into_tensor_arg(),
+            seen_remaining.into_tensor_arg(),
+            seen_rows.into_tensor_arg(),
+            scalars,
+            shape,
+            dtypes.map(dtype_to_storage_type),
+        );
+        outputs
     }
 
     fn all(&self) -> impl Iterator<Item = &CubeTensor> {
