@@ -37,32 +37,60 @@ impl Dims {
     }
 }
 
-/// One thread's working space, reused across the instances it takes.
-struct Scratch {
+/// Query rows whose attention weights a forward holds at once. `[N, Np]` of weights per
+/// thread is 14 GiB at 60,000 nodes; `[ROW_BLOCK, Np]` is 59 MiB, so inference on a large
+/// instance holds what grows as N, not N², beside the weights training keeps. A multiple of
+/// [`weighted_sums_all`]'s 8-row blocks, and each row's sums are taken in one order, so the
+/// blocks change no number.
+const ROW_BLOCK: usize = 256;
+
+/// One thread's working space for the forward, reused across the instances it takes.
+struct ForwardScratch {
+    /// Query rows a block holds: [`ROW_BLOCK`], or N where fewer.
+    block_rows: usize,
     /// `[dk, Np]` one head's keys by feature.
     keys_t: Vec<f32>,
-    /// `[dk, Np]` one head's values by feature (backward).
-    values_t: Vec<f32>,
-    /// `[N, Np]` scores, then attention weights.
+    /// `[block_rows, Np]` a block of rows' scores, then their attention weights.
     attention: Vec<f32>,
-    /// `[N, Np]` the weights' gradients, then the scores' (backward).
-    d_scores: Vec<f32>,
     /// `[Np]` 1 at nodes, 0 at padding.
     keep: Vec<f32>,
 }
 
-impl Scratch {
+impl ForwardScratch {
     fn new(dims: Dims) -> Self {
+        Self::with_blocks_of(dims, ROW_BLOCK)
+    }
+
+    /// Blocks of `rows` query rows (a multiple of 8 for the same numbers as any other).
+    fn with_blocks_of(dims: Dims, rows: usize) -> Self {
         let (n, dk) = (dims.nodes, dims.head_dim);
         let np = padded(n);
+        let block_rows = rows.min(n).max(1);
         let mut keep = vec![0.0; np];
         keep[..n].fill(1.0);
         Self {
+            block_rows,
             keys_t: vec![0.0; dk * np],
-            values_t: vec![0.0; dk * np],
-            attention: vec![0.0; n * np],
-            d_scores: vec![0.0; n * np],
+            attention: vec![0.0; block_rows * np],
             keep,
+        }
+    }
+}
+
+/// One thread's working space for the backward, reused across the instances it takes.
+struct BackwardScratch {
+    /// `[dk, Np]` one head's values by feature.
+    values_t: Vec<f32>,
+    /// `[N, Np]` the weights' gradients, then the scores'.
+    d_scores: Vec<f32>,
+}
+
+impl BackwardScratch {
+    fn new(dims: Dims) -> Self {
+        let np = padded(dims.nodes);
+        Self {
+            values_t: vec![0.0; dims.head_dim * np],
+            d_scores: vec![0.0; dims.nodes * np],
         }
     }
 }
@@ -82,7 +110,7 @@ pub(crate) fn forward(dims: Dims, qkv: &[f32], weights: Option<&mut [f32]>) -> V
         .zip(qkv.par_chunks(n * 3 * d))
         .zip(per_instance)
         .for_each_init(
-            || Scratch::new(dims),
+            || ForwardScratch::new(dims),
             |scratch, ((out, qkv), weights)| {
                 forward_instance_dispatch(dims, qkv, (out, weights), scratch)
             },
@@ -104,44 +132,55 @@ simd_dispatch! {
         dims: Dims,
         qkv: &[f32],
         out: ForwardOut,
-        scratch: &mut Scratch,
+        scratch: &mut ForwardScratch,
     )
 }
 
-/// One instance: `qkv` `[N, 3d]` → `out` `[N, d]`.
+/// One instance: `qkv` `[N, 3d]` → `out` `[N, d]`, head by head and, within a head, by
+/// blocks of query rows (`s.block_rows`).
 #[inline(always)]
-fn forward_instance<M: MulAdd>(dims: Dims, qkv: &[f32], io: ForwardOut, s: &mut Scratch) {
+fn forward_instance<M: MulAdd>(dims: Dims, qkv: &[f32], io: ForwardOut, s: &mut ForwardScratch) {
     let (n, d, dk) = (dims.nodes, dims.embed(), dims.head_dim);
     let np = padded(n);
     let (out, mut weights) = io;
     for head in 0..dims.heads {
-        attention_weights::<M>(dims, qkv, head, s);
-        if let Some(w) = weights.as_deref_mut() {
-            w[head * n * np..][..n * np].copy_from_slice(&s.attention);
+        by_feature(&qkv[d + head * dk..], 3 * d, (n, dk), &mut s.keys_t);
+        for first in (0..n).step_by(s.block_rows) {
+            let rows = s.block_rows.min(n - first);
+            let attention = &mut s.attention[..rows * np]; // [rows, Np]
+            let queries = &qkv[first * 3 * d + head * dk..];
+            attention_weights::<M>(dims, queries, (&s.keys_t, &s.keep), attention);
+            if let Some(w) = weights.as_deref_mut() {
+                w[(head * n + first) * np..][..rows * np].copy_from_slice(attention);
+            }
+            let by_weight = RowsAt::contiguous(np, n, d);
+            let values = &qkv[2 * d + head * dk..];
+            let out = &mut out[first * d + head * dk..];
+            weighted_sums_all::<M>(rows, attention, values, (3 * d, dk), by_weight, out);
         }
-        let by_weight = RowsAt::contiguous(np, n, d);
-        let values = &qkv[2 * d + head * dk..];
-        let out = &mut out[head * dk..];
-        weighted_sums_all::<M>(n, &s.attention, values, (3 * d, dk), by_weight, out);
     }
 }
 
-/// One head's attention weights for every row of an instance, into `s.attention`
-/// (`[N, Np]`, 0 at padding); `s.keys_t` is left holding the head's keys by feature.
+/// The attention weights `[rows, Np]` (0 at padding) of a block of query rows, `queries`
+/// (row r's at `r · 3d`), against one head's keys by feature `[dk, Np]`.
 #[inline(always)]
-fn attention_weights<M: MulAdd>(dims: Dims, qkv: &[f32], head: usize, s: &mut Scratch) {
+fn attention_weights<M: MulAdd>(
+    dims: Dims,
+    queries: &[f32],
+    (keys_t, keep): (&[f32], &[f32]),
+    attention: &mut [f32],
+) {
     let (n, d, dk) = (dims.nodes, dims.embed(), dims.head_dim);
     let np = padded(n);
-    by_feature(&qkv[d + head * dk..], 3 * d, (n, dk), &mut s.keys_t);
     let by_query = RowsAt::contiguous(3 * d, dk, np);
-    let queries = &qkv[head * dk..];
-    weighted_sums_all::<M>(n, queries, &s.keys_t, (np, np), by_query, &mut s.attention);
+    let rows = attention.len() / np;
+    weighted_sums_all::<M>(rows, queries, keys_t, (np, np), by_query, attention);
     let root = dims.root();
-    for row in s.attention.chunks_exact_mut(np) {
+    for row in attention.chunks_exact_mut(np) {
         for score in row.iter_mut() {
             *score /= root;
         }
-        masked_softmax::<M>(row, &s.keep);
+        masked_softmax::<M>(row, keep);
     }
 }
 
@@ -166,7 +205,7 @@ pub(crate) fn backward(dims: Dims, qkv: &[f32], weights: &[f32], grad_out: &[f32
         .zip(weights.par_chunks(dims.heads * n * padded(n)))
         .zip(grad_out.par_chunks(n * d))
         .for_each_init(
-            || Scratch::new(dims),
+            || BackwardScratch::new(dims),
             |scratch, (((grad, qkv), weights), grad_out)| {
                 let io = (qkv, weights, grad_out, grad);
                 backward_instance_dispatch(dims, io, scratch)
@@ -184,7 +223,7 @@ simd_dispatch! {
     fn backward_instance_dispatch => backward_instance(
         dims: Dims,
         io: BackwardIo,
-        scratch: &mut Scratch,
+        scratch: &mut BackwardScratch,
     )
 }
 
@@ -192,7 +231,7 @@ simd_dispatch! {
 /// ∂a_ij = g_i · v_j, ∂s_ij = a_ij (∂a_ij − Σ_j' a_ij' ∂a_ij') / √dk, then
 /// ∂q_i = Σ_j ∂s_ij k_j, ∂k_j = Σ_i ∂s_ij q_i, ∂v_j = Σ_i a_ij g_i.
 #[inline(always)]
-fn backward_instance<M: MulAdd>(dims: Dims, io: BackwardIo, s: &mut Scratch) {
+fn backward_instance<M: MulAdd>(dims: Dims, io: BackwardIo, s: &mut BackwardScratch) {
     let (qkv, weights, grad_out, grad) = io;
     let (n, d, dk) = (dims.nodes, dims.embed(), dims.head_dim);
     let np = padded(n);
@@ -247,7 +286,8 @@ mod tests {
         let (n, d) = (dims.nodes, dims.embed());
         let instances = qkv.len() / (n * 3 * d);
         let per_weights = weights_len(dims, 1);
-        let mut scratch = Scratch::new(dims);
+        let mut scratch = ForwardScratch::new(dims);
+        let mut backward_scratch = BackwardScratch::new(dims);
         let mut out = vec![0.0f32; instances * n * d];
         let mut weights = vec![0.0f32; weights_len(dims, instances)];
         let mut grad = vec![0.0f32; qkv.len()];
@@ -262,9 +302,63 @@ mod tests {
             let w = &weights[i * per_weights..][..per_weights];
             let g = &grad_out[i * n * d..][..n * d];
             let grad_i = &mut grad[i * n * 3 * d..][..n * 3 * d];
-            backward_instance::<M>(dims, (qkv_i, w, g, grad_i), &mut scratch);
+            backward_instance::<M>(dims, (qkv_i, w, g, grad_i), &mut backward_scratch);
         }
         vec![("out", out), ("weights", weights), ("d_qkv", grad)]
+    }
+
+    /// One instance's output and kept weights with its query rows in blocks of `rows`.
+    fn forward_in_blocks(dims: Dims, qkv: &[f32], rows: usize) -> (Vec<f32>, Vec<f32>) {
+        let mut scratch = ForwardScratch::with_blocks_of(dims, rows);
+        let mut out = vec![0.0f32; dims.nodes * dims.embed()];
+        let mut weights = vec![0.0f32; weights_len(dims, 1)];
+        let io = (&mut out[..], Some(&mut weights[..]));
+        forward_instance_dispatch(dims, qkv, io, &mut scratch);
+        (out, weights)
+    }
+
+    /// Query rows in blocks, as inference on a large instance runs them: the same bits
+    /// whatever the block (one block, 256 rows and a remainder, 8-row blocks), and the
+    /// attention's definition taken in f64 node by node.
+    #[test]
+    fn blocks_of_query_rows_change_no_number() {
+        let dims = Dims {
+            nodes: 300,
+            heads: 2,
+            head_dim: 8,
+        };
+        let (n, d, dk) = (dims.nodes, dims.embed(), dims.head_dim);
+        let qkv = pseudo_random(n * 3 * d, 11, 1.0);
+        let whole = forward_in_blocks(dims, &qkv, n);
+        assert_eq!(forward_in_blocks(dims, &qkv, ROW_BLOCK), whole);
+        assert_eq!(forward_in_blocks(dims, &qkv, 8), whole);
+        let at = |node: usize, part: usize, head: usize, f: usize| {
+            f64::from(qkv[node * 3 * d + part * d + head * dk + f])
+        };
+        for head in 0..dims.heads {
+            for i in [0, 1, 255, 256, 299] {
+                let scores: Vec<f64> = (0..n)
+                    .map(|j| {
+                        (0..dk)
+                            .map(|f| at(i, 0, head, f) * at(j, 1, head, f))
+                            .sum::<f64>()
+                    })
+                    .map(|s| s / (dk as f64).sqrt())
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+                let total: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+                for f in 0..dk {
+                    let expected: f64 = (0..n)
+                        .map(|j| (scores[j] - max).exp() / total * at(j, 2, head, f))
+                        .sum();
+                    let got = f64::from(whole.0[i * d + head * dk + f]);
+                    assert!(
+                        (got - expected).abs() < 1e-5,
+                        "node {i} head {head}: {got} vs {expected}"
+                    );
+                }
+            }
+        }
     }
 
     /// The encoder attention's kernels in each form ([`assert_forms_agree`]), at node
