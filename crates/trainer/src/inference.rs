@@ -19,6 +19,7 @@ use crate::config::{Config, ModelConfig};
 use crate::error::TrainError;
 use crate::evaluate::{download_ints, join_rows, validated_costs};
 use crate::import::{import, is_pytorch_file};
+use crate::memory::check_decode_fits;
 use crate::run::checkpoint::{record_error, Checkpoints, TrainState, BEST, LATEST, MODEL_FILE};
 
 /// How to turn a model into solutions.
@@ -438,6 +439,8 @@ pub(crate) fn upload_batch(
 ) -> Result<(Batch, DeviceBatch, DecodeOptions), TrainError> {
     let batch = expanded_batch(instances, strategy, normalize)?;
     let options = decode_options(strategy, check_every);
+    let size = (batch.size, batch.n + 1, options.rows_per_instance(batch.n));
+    check_decode_fits(device, size, &strategy.to_string())?;
     let noise = (strategy.samples > 0).then_some((
         NoiseShape {
             rows_per_instance: options.rows_per_instance(batch.n),

@@ -15,6 +15,7 @@ mod evaluate;
 mod export;
 mod import;
 mod inference;
+mod memory;
 mod plot;
 mod reinforce;
 mod run;

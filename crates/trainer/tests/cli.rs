@@ -436,6 +436,55 @@ fn train_eval_solve_check() {
     );
     assert!(mixed.join("P-n16-k8.sol").exists());
 
+    // A decode larger than the machine's memory (CVRP60000, multi-start ×8: 60,000
+    // rollouts of each of the symmetries decoded at once, ~240 GiB each) is refused before it starts, with its size and the way
+    // out, rather than killed by the OS.
+    #[cfg(target_os = "linux")]
+    {
+        let xxl = dir.join("xxl");
+        let out = gen(&["--n", "60000", "--count", "1", "--format", "vrp"], &xxl);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = routeburn()
+            .args(["solve", "--strategy", "multistart+aug8", "--checkpoint"])
+            .arg(&run)
+            .arg("--out-dir")
+            .arg(dir.join("xxl-sols"))
+            .arg(xxl.join("cvrp60000_s0_000000.vrp"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("cvrp60000_s0_000000.vrp: --strategy multistart+aug8 decodes")
+                && err.contains("rollouts of 60001 nodes at once")
+                && err.contains("use a strategy with fewer rollouts"),
+            "{err}"
+        );
+        // So is training whose encoder alone would keep more than the memory for the
+        // backward (CVRP100000 at batch 512: ~10⁵ GiB), before anything is written.
+        let config = dir.join("xxl.toml");
+        std::fs::write(&config, "[problem]\nn = 100000\n").unwrap();
+        let out = routeburn()
+            .args(["train", "-q", "--config"])
+            .arg(&config)
+            .arg("--run-dir")
+            .arg(dir.join("xxl-run"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("xxl.toml: problem.n = 100000 with training.batch_size = 512")
+                && err.contains("lower training.batch_size or problem.n"),
+            "{err}"
+        );
+        assert!(!dir.join("xxl-run").exists());
+    }
+
     let out = routeburn().arg("plot").arg(&run).output().unwrap();
     assert!(
         out.status.success(),

@@ -7,6 +7,7 @@ use routeburn_model::{Backend, RoutingModel};
 use crate::config::{Config, ModelConfig, ModelKind};
 use crate::error::TrainError;
 use crate::inference::TrainedModel;
+use crate::memory::check_training_fits;
 use crate::run::checkpoint::save_module;
 use crate::run::interrupt;
 use crate::run::lr_schedule::LrSchedule;
@@ -82,6 +83,12 @@ pub(crate) fn run(args: TrainArgs) -> Result<ExitCode, TrainError> {
         Some(source) => Some(take_weights_from(source, &mut plan, backend, args.quiet)?),
         None => None,
     };
+    let origin = match (&args.config, &args.resume) {
+        (_, Some(run)) => run.join("config.toml").display().to_string(),
+        (Some(path), None) => path.display().to_string(),
+        (None, None) => "the embedded default config".to_string(),
+    };
+    check_training_fits(&backend.device()?, &plan.config, &origin)?;
     if !args.quiet {
         announce(&plan, backend);
     }
