@@ -130,8 +130,14 @@ impl DecodeSize {
 /// The memory the operating system can give without swapping (Linux's `MemAvailable`);
 /// None where it does not say.
 fn available_memory() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    proc_bytes("/proc/meminfo", "MemAvailable:")
+}
+
+/// The bytes a Linux `/proc` file gives in kB on the line starting with `key`
+/// (`/proc/meminfo`, `/proc/self/status`); None where there is no such file or line.
+pub(crate) fn proc_bytes(file: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(file).ok()?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }

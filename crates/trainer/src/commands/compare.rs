@@ -775,10 +775,7 @@ fn reset_peak_rss() {
 
 /// The process's peak resident set size (VmHWM), where the OS reports it.
 fn peak_rss() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    crate::memory::proc_bytes("/proc/self/status", "VmHWM:")
 }
 
 #[cfg(test)]
