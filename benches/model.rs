@@ -17,7 +17,10 @@ use routeburn_model::{
 fn model(c: &mut Criterion) {
     // The heap settings `routeburn` itself runs with.
     routeburn_trainer::allocator::tune_for_tensors();
-    for backend in Backend::compiled().into_iter().filter(|b| !b.is_cubecl()) {
+    for backend in Backend::compiled()
+        .into_iter()
+        .filter(|b| b.traits().host_memory)
+    {
         model_on(c, backend);
     }
     if Backend::Flex.is_compiled() {

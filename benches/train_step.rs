@@ -58,7 +58,10 @@ summary = false
 fn train_step(c: &mut Criterion) {
     // The heap settings `routeburn` itself runs with.
     routeburn_trainer::allocator::tune_for_tensors();
-    for backend in Backend::compiled().into_iter().filter(|b| !b.is_cubecl()) {
+    for backend in Backend::compiled()
+        .into_iter()
+        .filter(|b| b.traits().host_memory)
+    {
         train_step_on(c, backend);
     }
 }

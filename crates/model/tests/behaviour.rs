@@ -203,24 +203,7 @@ fn follow_scores_given_tours() {
     }
 
     let nodes = n + 1;
-    let tours: Vec<Vec<i64>> = (0..b)
-        .map(|i| {
-            let (demands, capacity) = (
-                &batch.node_demands[i * nodes..(i + 1) * nodes],
-                batch.capacities[i],
-            );
-            let (mut tour, mut load) = (Vec::new(), 0);
-            for (c, &demand) in demands.iter().enumerate().skip(1) {
-                if load + demand > capacity {
-                    tour.push(0);
-                    load = 0;
-                }
-                tour.push(c as i64);
-                load += demand;
-            }
-            tour
-        })
-        .collect();
+    let tours: Vec<Vec<i64>> = (0..b).map(|i| in_index_order(&batch, i)).collect();
     let len = tours.iter().map(Vec::len).max().unwrap();
     let padded: Vec<i64> = tours
         .iter()
@@ -262,6 +245,25 @@ fn follow_scores_given_tours() {
             "instance {i}: {a} vs {e}"
         );
     }
+}
+
+/// Instance `i`'s customers in index order, back to the depot when the next does not fit.
+fn in_index_order(batch: &routeburn_data::Batch, i: usize) -> Vec<i64> {
+    let nodes = batch.n + 1;
+    let (demands, capacity) = (
+        &batch.node_demands[i * nodes..(i + 1) * nodes],
+        batch.capacities[i],
+    );
+    let (mut tour, mut load) = (Vec::new(), 0);
+    for (c, &demand) in demands.iter().enumerate().skip(1) {
+        if load + demand > capacity {
+            tour.push(0);
+            load = 0;
+        }
+        tour.push(c as i64);
+        load += demand;
+    }
+    tour
 }
 
 #[test]

@@ -26,7 +26,7 @@ use burn::optim::{
 };
 use burn::store::burn_pack::{self, Scalar};
 use burn::tensor::{Device, Shape, Tensor, TensorData};
-use routeburn_model::runs_through_cubecl;
+use routeburn_model::DeviceTraits;
 
 use crate::error::TrainError;
 
@@ -108,7 +108,7 @@ impl Adam {
             beta_2: 0.999,
             epsilon: 1e-8,
             weight_decay,
-            joined: runs_through_cubecl(device),
+            joined: DeviceTraits::of(device).joins_updates,
             moments: None,
         }
     }

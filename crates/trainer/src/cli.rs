@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 use crate::commands;
 use crate::error::TrainError;
+use routeburn_model::Backend;
 
 /// Neural solvers for the Capacitated Vehicle Routing Problem, trained with Burn.
 #[derive(Debug, Parser)]
@@ -103,12 +104,10 @@ pub fn exit_code(e: &TrainError) -> u8 {
 /// `main`, before any thread exists; `BURN_DEVICE` set by the user is kept.
 fn pin_default_device() {
     if std::env::var_os("BURN_DEVICE").is_none() {
-        let cpu = match () {
-            _ if cfg!(feature = "flex") => "flex",
-            _ if cfg!(feature = "ndarray") => "ndarray",
-            _ => return,
-        };
-        std::env::set_var("BURN_DEVICE", cpu);
+        // Burn's own CPU backends only (not CubeCL's CPU runtime).
+        if let Ok(cpu @ (Backend::Flex | Backend::Ndarray)) = Backend::first_on_host() {
+            std::env::set_var("BURN_DEVICE", cpu.name());
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData, Transaction};
 use routeburn_cost::{batch_costs, validate_batch, ActionIndex};
 use routeburn_data::Batch;
 use routeburn_model::{
-    decode_chunk, decode_in_chunks, runs_through_cubecl, DecodeOptions, DeviceBatch, Policy,
+    decode_chunk, decode_in_chunks, DecodeOptions, DeviceBatch, DeviceTraits, Policy,
 };
 
 use crate::error::TrainError;
@@ -101,7 +101,7 @@ pub(crate) fn decode_costs(
     device: &Device,
     shards: Shards,
 ) -> Result<Vec<f64>, TrainError> {
-    let full = match runs_through_cubecl(device) {
+    let full = match DeviceTraits::of(device).keeps_batch_shapes {
         true => batches.first().map_or(0, |b| b.size),
         false => 0,
     };

@@ -9,7 +9,7 @@ use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor};
 use routeburn_cost::{Metric, Solution};
 use routeburn_data::{normalize_coords, Batch, Instance, InstanceRng};
-use routeburn_model::graph_capture::RecordedDecode;
+use routeburn_model::recorded_decode::RecordedDecode;
 use routeburn_model::{
     decode_chunk, decode_in_chunks, DecodeOptions, DeviceBatch, MatmulPrecision, NoiseShape,
     Policy, RoutingModel,

@@ -3,7 +3,7 @@
 //! change, not killed by the operating system halfway.
 
 use burn::tensor::Device;
-use routeburn_model::{decode_chunk, runs_through_cubecl};
+use routeburn_model::{decode_chunk, DeviceTraits};
 
 use crate::config::{AttentionConfig, Config, ModelConfig};
 use crate::error::TrainError;
@@ -17,8 +17,8 @@ pub(crate) fn check_decode_fits(
     (instances, nodes, rows_per_instance): (usize, usize, usize),
     strategy: &str,
 ) -> Result<(), TrainError> {
-    match (runs_through_cubecl(device), available_memory()) {
-        (false, Some(available)) => DecodeSize::on_cpu(device, instances, nodes, rows_per_instance)
+    match (DeviceTraits::of(device).host_memory, available_memory()) {
+        (true, Some(available)) => DecodeSize::on_cpu(device, instances, nodes, rows_per_instance)
             .check(available, strategy),
         _ => Ok(()),
     }
@@ -42,7 +42,7 @@ pub(crate) fn check_training_fits(
     let ModelConfig::Attention(model) = &config.model else {
         return Ok(());
     };
-    let (Some(available), false) = (available_memory(), runs_through_cubecl(device)) else {
+    let (Some(available), true) = (available_memory(), DeviceTraits::of(device).host_memory) else {
         return Ok(());
     };
     let (batch, n) = (config.training.batch_size, config.problem.n);

@@ -316,7 +316,7 @@ fn compare(
             validate_initial: false,
             after_epoch: None,
         };
-        let (steps, compiles) = match args.count_compiles && backend.is_cubecl() {
+        let (steps, compiles) = match args.count_compiles && backend.traits().counts_compiles {
             true => train_counting(options, &work_dir.join(COUNTS_DIR), args.time_kernels)?,
             false => (train(options)?.epochs, None),
         };

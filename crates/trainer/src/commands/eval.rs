@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use clap::Args;
 use routeburn_data::{read_jsonl, read_sol, read_vrp, Instance, InstanceRng};
-use routeburn_model::{graph_capture, runs_through_cubecl, Backend, MatmulPrecision};
+use routeburn_model::{recorded_decode, Backend, DeviceTraits, MatmulPrecision};
 use statrs::statistics::{Data, Median};
 
 use crate::error::TrainError;
@@ -183,7 +183,7 @@ fn solve_all(
     device: &burn::tensor::Device,
 ) -> Result<(Vec<Solved>, Option<GraphReplays>), TrainError> {
     let check_every = trained.config.training.decode_check_every;
-    let pad = runs_through_cubecl(device);
+    let pad = DeviceTraits::of(device).keeps_batch_shapes;
     let mut graph = match args.graph {
         true => Some(GraphSolver::new(
             &trained.model,
@@ -247,7 +247,7 @@ struct GraphReplays {
 const PROBE_RUNS: usize = 3;
 
 /// `--graph-probe`: the first `--max-rows` rows' worth of the first instance size, decoded
-/// eagerly and replayed as a device graph ([`graph_capture::probe`]). Exit status 1 when a
+/// eagerly and replayed as a device graph ([`recorded_decode::probe`]). Exit status 1 when a
 /// replay's tours differ from the eager decode's.
 fn graph_probe(
     args: &EvalArgs,
@@ -278,7 +278,7 @@ fn graph_probe(
         &mut rng,
         device,
     )?;
-    let found = graph_capture::probe(&trained.model, &problem, &options, PROBE_RUNS);
+    let found = recorded_decode::probe(&trained.model, &problem, &options, PROBE_RUNS);
     let rows = instances.len() * rows_each;
     println!(
         "graph probe    {backend}, {} instances of n = {n}, {}: {rows} rows",

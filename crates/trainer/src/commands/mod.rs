@@ -3,7 +3,7 @@
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use routeburn_cost::Metric;
-use routeburn_model::MatmulPrecision;
+use routeburn_model::{Backend, MatmulPrecision};
 
 use crate::inference::Strategy;
 
@@ -21,7 +21,7 @@ pub(crate) mod train;
 /// `--backend`: one of the backends routeburn knows (whether it is compiled in is checked
 /// when the command runs).
 pub(crate) fn backend_parser() -> PossibleValuesParser {
-    PossibleValuesParser::new(["ndarray", "flex", "cuda", "cpu"])
+    PossibleValuesParser::new(Backend::ALL.map(Backend::name))
 }
 
 /// `--matmul-precision`: `high` or `highest` (the config's `model.matmul_precision`).

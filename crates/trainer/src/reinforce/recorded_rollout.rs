@@ -13,8 +13,8 @@
 
 use burn::tensor::{Device, Int, Tensor};
 use routeburn_data::Batch;
-use routeburn_model::graph_capture::RecordedDecode;
-use routeburn_model::{records_device_graphs, AttentionModel, DecodeOptions, DeviceBatch};
+use routeburn_model::recorded_decode::RecordedDecode;
+use routeburn_model::{AttentionModel, DecodeOptions, DeviceBatch, DeviceTraits};
 
 use crate::error::TrainError;
 use crate::evaluate::int_data_to_i64;
@@ -33,7 +33,7 @@ pub(crate) struct RecordedRollout {
 impl RecordedRollout {
     pub(crate) fn new(wanted: bool, device: &Device) -> Self {
         Self {
-            wanted: wanted && records_device_graphs(device),
+            wanted: wanted && DeviceTraits::of(device).records_graphs,
             recorded: None,
             replay_checked: false,
             refused: false,

@@ -683,7 +683,7 @@ fn resolve_shards(opts: &TrainOptions) -> usize {
             .and_then(|c| c.training.shards)
             .unwrap_or(1);
     }
-    if !opts.backend.is_cubecl() {
+    if !opts.backend.traits().runs_one_stream {
         rayon::current_num_threads()
     } else {
         1

@@ -1,0 +1,299 @@
+//! The attention decoder's step as one differentiable operation: the 8-head glimpse of
+//! each row's query over its instance's node keys and values, the single-head logits
+//! against the logit keys, tanh clipping, temperature, the mask and `log_softmax`, with a
+//! hand-written backward.
+//!
+//! Composed from Burn's tensor ops, the same step is ~30 tracked operations on small
+//! tensors (autodiff alone turns each softmax into 5–6), run one after another; as one
+//! operation it is one pass over the rows in the forward and one in the backward, split
+//! across cores by instance.
+//!
+//! One signature, one implementation per backend: flex's is plain Rust
+//! ([`flex_kernel`]); CubeCL's (CUDA and the CPU runtime) is a kernel for the forward pass
+//! and one for the backward ([`cube_kernel`]), the latter its own operation
+//! (`cube::DecoderStepGradsBackend`) so that Fusion can queue it. Elsewhere (ndarray) the
+//! op-by-op form ([`reference`]) runs; it stays the reference the tests compare against.
+
+mod by_feature;
+#[cfg(feature = "cube")]
+mod cube_decode;
+#[cfg(feature = "cube")]
+mod cube_kernel;
+#[cfg(feature = "flex")]
+mod flex_kernel;
+mod reference;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use by_feature::keys_by_feature;
+pub(crate) use reference::op_by_op;
+
+use burn::tensor::{Bool, Device, Tensor};
+
+/// Whether the fused step runs on `device` for instances of `nodes` nodes, `heads` heads
+/// and `d` features, with or without autodiff: on flex, and on CubeCL devices where the
+/// step (and with autodiff its backward) fits the kernel's shared memory.
+pub fn fused_on(device: &Device, nodes: usize, heads: usize, d: usize) -> bool {
+    use burn::backend::DispatchDevice;
+    fn has_kernel(device: &DispatchDevice, size: [usize; 3], training: bool) -> bool {
+        let _ = (size, training);
+        match device {
+            #[cfg(feature = "flex")]
+            DispatchDevice::Flex(_) => true,
+            #[cfg(feature = "cube")]
+            DispatchDevice::Cube(_) => cube_kernel::fits(size[0], size[1], size[2], training),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+    let size = [nodes, heads, d];
+    match device.as_dispatch() {
+        #[cfg(feature = "autodiff")]
+        DispatchDevice::Autodiff(inner) => has_kernel(inner, size, true),
+        other => has_kernel(other, size, false),
+    }
+}
+
+/// The fused step; call it only where [`fused_on`] holds.
+///
+/// # Shapes
+/// - `query`: `[B, S, d]`, `glimpse_keys` (already divided by √dk) and `glimpse_values`:
+///   `[B, N, H, dk]`, `logit_keys`: `[B, N, d]`, `by_feature`: [`keys_by_feature`] of
+///   those three, `mask`: `[B × S, N]` (true = masked)
+/// - output: `[B × S, N]` log-probabilities, −∞ at masked nodes
+#[cfg(any(feature = "flex", feature = "cube"))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fused_step(
+    query: Tensor<3>,
+    glimpse_keys: Tensor<4>,
+    glimpse_values: Tensor<4>,
+    logit_keys: Tensor<3>,
+    by_feature: Tensor<3>,
+    mask: Tensor<2, Bool>,
+    tanh_clipping: f64,
+    temperature: f64,
+) -> Tensor<2> {
+    use burn::backend::Dispatch;
+    let out = <Dispatch as DecoderStepBackend>::decoder_step(
+        query.into_dispatch(),
+        glimpse_keys.into_dispatch(),
+        glimpse_values.into_dispatch(),
+        logit_keys.into_dispatch(),
+        by_feature.into_dispatch(),
+        mask.into_dispatch(),
+        tanh_clipping as f32,
+        temperature as f32,
+    );
+    Tensor::from_dispatch(out)
+}
+
+#[cfg(not(any(feature = "flex", feature = "cube")))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fused_step(
+    _query: Tensor<3>,
+    _glimpse_keys: Tensor<4>,
+    _glimpse_values: Tensor<4>,
+    _logit_keys: Tensor<3>,
+    _by_feature: Tensor<3>,
+    _mask: Tensor<2, Bool>,
+    _tanh_clipping: f64,
+    _temperature: f64,
+) -> Tensor<2> {
+    unreachable!("no backend with a fused decoder step is compiled in; check `fused_on` first")
+}
+
+/// The fused step from each row's context, on a CubeCL device without autodiff (see
+/// [`DecoderStepFromContextBackend`]); call it only where [`crate::runtime::device::steps_from_context`]
+/// holds.
+///
+/// # Shapes
+/// - `fixed_context`: `[B, 1, d]`, `last_node_context`: `[B, N, d]`, `capacity_context`:
+///   `[1, 1, d]`, `last_node` and `remaining`: `[B × S, 1]`, `by_feature`: as
+///   [`fused_step`]'s, `mask`: `[B × S, N]`
+/// - output: `[B × S, N]` log-probabilities, −∞ at masked nodes
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fused_step_from_context(
+    [fixed_context, last_node_context, capacity_context]: [Tensor<3>; 3],
+    last_node: Tensor<2, burn::tensor::Int>,
+    remaining: Tensor<2>,
+    by_feature: Tensor<3>,
+    mask: Tensor<2, Bool>,
+    heads: usize,
+    tanh_clipping: f64,
+    temperature: f64,
+) -> Tensor<2> {
+    #[cfg(feature = "cube")]
+    {
+        use burn::backend::Dispatch;
+        let out = <Dispatch as DecoderStepFromContextBackend>::decoder_step_from_context(
+            fixed_context.into_dispatch(),
+            last_node_context.into_dispatch(),
+            capacity_context.into_dispatch(),
+            last_node.into_dispatch(),
+            remaining.into_dispatch(),
+            by_feature.into_dispatch(),
+            mask.into_dispatch(),
+            heads,
+            tanh_clipping as f32,
+            temperature as f32,
+        );
+        Tensor::from_dispatch(out)
+    }
+    #[cfg(not(feature = "cube"))]
+    {
+        let _ = (
+            fixed_context,
+            last_node_context,
+            capacity_context,
+            last_node,
+            remaining,
+        );
+        let _ = (by_feature, mask, heads, tanh_clipping, temperature);
+        unreachable!("no CubeCL backend is compiled in; check `steps_from_context` first")
+    }
+}
+
+/// Which steps a whole decode runs ([`fused_decode`]) and what it keeps: steps
+/// `first..first + steps` (POMO's forced first step is the start state's, `first` = 1),
+/// the chosen log-probabilities' sum, and what each step met (its mask and remaining
+/// capacity fraction), for scoring the tours afterwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DecodeSpan {
+    pub first: usize,
+    pub steps: usize,
+    pub log_likelihood: bool,
+    pub record_seen: bool,
+}
+
+/// What each of a decode's K chosen steps met, for scoring its tours afterwards
+/// (`AttentionModel::score_steps`).
+pub(crate) struct SeenSteps {
+    /// `[R, K, N]` the step's mask.
+    pub mask: Tensor<3, Bool>,
+    /// `[R, K]` the remaining capacity fraction.
+    pub remaining: Tensor<2>,
+    /// `[R, K]` where the step's context is read in the instances' node rows `[B × N, d]`:
+    /// i · N + the node the row stood at (instance i).
+    pub context_rows: Tensor<2, burn::tensor::Int>,
+}
+
+/// What [`fused_decode`] gives: the actions `[R, first + steps]`, the log-likelihood `[R]`
+/// (zeros unless asked for), and where recorded, what each of the K steps met.
+pub(crate) struct WholeDecode {
+    pub actions: Tensor<2, burn::tensor::Int>,
+    pub log_likelihood: Tensor<1>,
+    pub seen: Option<SeenSteps>,
+}
+
+/// A whole decode without gradients as one kernel: from the state kernel's start (each
+/// row's step to the depot from an empty route, then with `span.first` = 1 POMO's forced
+/// step to customer s + 1), at every step of `span` [`fused_step_from_context`]'s step,
+/// then the state kernel's choice and step (`CvrpState::choose_and_step`), comparing loads
+/// as `loads` says (the noise `[R, T]` read at the step's column where the decode
+/// samples). The same tours and log-likelihoods as those steps two launches each; call it
+/// only where `crate::runtime::device::steps_from_context` holds.
+pub(crate) fn fused_decode(
+    [fixed_context, last_node_context, capacity_context]: [Tensor<3>; 3],
+    by_feature: Tensor<3>,
+    loads: crate::ops::state_step::Loads,
+    noise: Option<Tensor<2>>,
+    span: DecodeSpan,
+    heads: usize,
+    (tanh_clipping, temperature): (f64, f64),
+) -> WholeDecode {
+    #[cfg(feature = "cube")]
+    {
+        use burn::backend::Dispatch;
+        let sample = noise.is_some();
+        // Greedy reads no noise: any float tensor stands in.
+        let noise = noise.unwrap_or_else(|| loads.capacity.clone());
+        // The actions' and masks' types (allocations nothing reads).
+        let device = loads.demands.device();
+        let int_like = Tensor::<2, burn::tensor::Int>::empty([1, 1], &device);
+        let bool_like = Tensor::<2, Bool>::empty([1, 1], &device);
+        let (actions, log_likelihood, seen_mask, seen_remaining, seen_rows) =
+            <Dispatch as DecoderStepFromContextBackend>::decode_from_context(
+                fixed_context.into_dispatch(),
+                last_node_context.into_dispatch(),
+                capacity_context.into_dispatch(),
+                by_feature.into_dispatch(),
+                loads.demands.into_dispatch(),
+                loads.capacity.into_dispatch(),
+                noise.without_autodiff().into_dispatch(),
+                int_like.into_dispatch(),
+                bool_like.into_dispatch(),
+                heads,
+                tanh_clipping as f32,
+                temperature as f32,
+                loads.tolerance,
+                sample,
+                span.first,
+                span.steps,
+                span.log_likelihood,
+                span.record_seen,
+            );
+        WholeDecode {
+            actions: Tensor::from_dispatch(actions),
+            log_likelihood: Tensor::from_dispatch(log_likelihood),
+            seen: span.record_seen.then(|| SeenSteps {
+                mask: Tensor::from_dispatch(seen_mask),
+                remaining: Tensor::from_dispatch(seen_remaining),
+                context_rows: Tensor::from_dispatch(seen_rows),
+            }),
+        }
+    }
+    #[cfg(not(feature = "cube"))]
+    {
+        let _ = (
+            fixed_context,
+            last_node_context,
+            capacity_context,
+            by_feature,
+        );
+        let _ = (loads, noise, span, heads, tanh_clipping, temperature);
+        unreachable!("no CubeCL backend is compiled in; check `steps_from_context` first")
+    }
+}
+
+#[cfg(any(feature = "flex", feature = "cube"))]
+pub use extension::DecoderStepBackend;
+
+#[cfg(any(feature = "flex", feature = "cube"))]
+mod extension {
+    use burn::backend::backend_extension;
+    use burn::backend::tensor::{BoolTensor, FloatTensor};
+    #[allow(unused_imports)] // in the Fusion metadata, when a CubeCL backend is compiled in
+    use burn::tensor::Shape;
+
+    /// The decoder step as a backend operation.
+    #[backend_extension(
+        Autodiff: cfg(feature = "autodiff"),
+        Flex: cfg(feature = "flex"),
+        Cube: cfg(feature = "cube"),
+        Fusion: cfg(feature = "cube")
+    )]
+    pub trait DecoderStepBackend: burn::backend::Backend {
+        /// See [`super::fused_step`].
+        #[allow(clippy::too_many_arguments)]
+        #[fusion(dtype = query, shape = Shape::new([query[0] * query[1], glimpse_keys[1]]))]
+        fn decoder_step(
+            query: FloatTensor<Self>,
+            glimpse_keys: FloatTensor<Self>,
+            glimpse_values: FloatTensor<Self>,
+            logit_keys: FloatTensor<Self>,
+            by_feature: FloatTensor<Self>,
+            mask: BoolTensor<Self>,
+            tanh_clipping: f32,
+            temperature: f32,
+        ) -> FloatTensor<Self>;
+    }
+}
+
+#[cfg(feature = "cube")]
+pub use cube::DecoderStepFromContextBackend;
+
+#[cfg(feature = "cube")]
+mod cube;
+
+#[cfg(feature = "flex")]
+mod flex;

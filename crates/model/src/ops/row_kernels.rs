@@ -1,0 +1,1328 @@
+//! Loops over contiguous `f32` rows that the flex kernels share (the decoder step's and
+//! the encoder's self-attention): weighted sums of rows kept in AVX2 registers, a
+//! polynomial exponential, a masked softmax. Each is compiled three times, in the builds
+//! that [`simd_dispatch`] writes for each kernel: with fused multiply-adds for AVX2 and FMA
+//! (`Fused`), the same with the weighted sums in 16-lane vectors for AVX-512 (`Wide`), and
+//! plainly for other CPUs (`Plain`).
+
+/// How a multiply-add and eight exponentials are computed: fused and in AVX2 registers
+/// (`Fused`, used only under [`has_avx2_fma`]), else a product and a sum and lane by lane
+/// (a software `fmaf` would be far slower).
+pub(crate) trait MulAdd {
+    /// [`weighted_sums`]' vectors of sums: eight lanes, and sixteen where the form has
+    /// registers that wide (else `Sum16` is never used).
+    type Sum8: Lanes;
+    type Sum16: Lanes;
+    /// Whether [`weighted_sums`] takes 16-lane vectors first.
+    const WIDE: bool = false;
+    /// How many rows (or nodes) [`weighted_sums`] takes together at most: AVX-512's 32
+    /// registers hold the sums of twice as many as AVX2's 16.
+    const ROW_BLOCK: usize = 4;
+    fn mul_add(a: f32, b: f32, c: f32) -> f32;
+    /// `x[i] = e^x[i]` as [`exp_lane`] computes it.
+    fn exp8(x: &mut [f32; 8]);
+    /// `x[i] = exp_lane(x[i])`, bit for bit: its products and sums rounded apart, as the
+    /// scalar form rounds them.
+    fn exp8_unfused(x: &mut [f32; 8]) {
+        for v in x.iter_mut() {
+            *v = exp_lane(*v);
+        }
+    }
+    /// One chunk of [`kept_max`]: `max[i]` becomes `values[i]` where `keep[i]` is
+    /// non-zero and `values[i] > max[i]`.
+    fn kept_max8(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]);
+}
+
+pub(crate) struct Fused;
+/// [`Fused`] with [`weighted_sums`] in 16-lane vectors, used only under [`has_avx512`].
+/// Each output is the same chain of multiply-adds in the same order, so its numbers are
+/// [`Fused`]'s, bit for bit.
+pub(crate) struct Wide;
+pub(crate) struct Plain;
+
+impl MulAdd for Fused {
+    #[cfg(target_arch = "x86_64")]
+    type Sum8 = Avx2Lanes;
+    #[cfg(not(target_arch = "x86_64"))]
+    type Sum8 = PlainLanes<8>;
+    type Sum16 = PlainLanes<16>;
+
+    #[inline(always)]
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+
+    #[inline(always)]
+    fn exp8(x: &mut [f32; 8]) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Fused` runs only inside the `*_avx2` functions, which run only where
+        // the CPU has AVX2 and FMA.
+        unsafe {
+            exp8_avx2(x)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Plain::exp8(x)
+    }
+
+    #[inline(always)]
+    fn exp8_unfused(x: &mut [f32; 8]) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as for `exp8`.
+        unsafe {
+            exp8_unfused_avx2(x)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Plain::exp8_unfused(x)
+    }
+
+    #[inline(always)]
+    fn kept_max8(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as for `exp8`.
+        unsafe {
+            kept_max8_avx2(values, keep, max)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Plain::kept_max8(values, keep, max)
+    }
+}
+
+impl MulAdd for Wide {
+    type Sum8 = <Fused as MulAdd>::Sum8;
+    #[cfg(target_arch = "x86_64")]
+    type Sum16 = Avx512Lanes;
+    #[cfg(not(target_arch = "x86_64"))]
+    type Sum16 = PlainLanes<16>;
+    const WIDE: bool = true;
+    const ROW_BLOCK: usize = 8;
+
+    #[inline(always)]
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        Fused::mul_add(a, b, c)
+    }
+
+    #[inline(always)]
+    fn exp8(x: &mut [f32; 8]) {
+        Fused::exp8(x)
+    }
+
+    #[inline(always)]
+    fn exp8_unfused(x: &mut [f32; 8]) {
+        Fused::exp8_unfused(x)
+    }
+
+    #[inline(always)]
+    fn kept_max8(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]) {
+        Fused::kept_max8(values, keep, max)
+    }
+}
+
+impl MulAdd for Plain {
+    type Sum8 = PlainLanes<8>;
+    type Sum16 = PlainLanes<16>;
+
+    #[inline(always)]
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
+
+    #[inline(always)]
+    fn exp8(x: &mut [f32; 8]) {
+        for v in x.iter_mut() {
+            *v = exp_lane(*v);
+        }
+    }
+
+    #[inline(always)]
+    fn kept_max8(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]) {
+        for lane in 0..8 {
+            // Compares and selects, not `f32::max` and its NaN rule (a NaN shows anyway).
+            let candidate = if keep[lane] != 0.0 {
+                values[lane]
+            } else {
+                f32::NEG_INFINITY
+            };
+            max[lane] = if candidate > max[lane] {
+                candidate
+            } else {
+                max[lane]
+            };
+        }
+    }
+}
+
+/// A vector of running sums of `LANES` lanes, each updated by `x · c + sum`.
+pub(crate) trait Lanes: Copy {
+    const LANES: usize;
+    fn zero() -> Self;
+    /// # Safety
+    /// `at..at + LANES` must be readable.
+    unsafe fn load(at: *const f32) -> Self;
+    /// `self · c + sum` in every lane.
+    fn mul_add(self, c: f32, sum: Self) -> Self;
+    /// Writes the lanes to `out[..LANES]`.
+    fn store(self, out: &mut [f32]);
+    /// Lanes `..count` from `at`, zeros beyond (`count ≤ LANES`).
+    ///
+    /// # Safety
+    /// `at..at + count` must be readable.
+    unsafe fn load_first(at: *const f32, count: usize) -> Self;
+    /// Writes lanes `..count` to `out[..count]` (`count ≤ LANES`).
+    fn store_first(self, out: &mut [f32], count: usize);
+}
+
+/// Lanes in an array, multiplied and added apart (the [`Plain`] form).
+#[derive(Clone, Copy)]
+pub(crate) struct PlainLanes<const L: usize>([f32; L]);
+
+impl<const L: usize> Lanes for PlainLanes<L> {
+    const LANES: usize = L;
+
+    #[inline(always)]
+    fn zero() -> Self {
+        Self([0.0; L])
+    }
+
+    #[inline(always)]
+    unsafe fn load(at: *const f32) -> Self {
+        // SAFETY: the caller guarantees `at..at + L` is readable.
+        Self(std::array::from_fn(|lane| unsafe { *at.add(lane) }))
+    }
+
+    #[inline(always)]
+    fn mul_add(self, c: f32, sum: Self) -> Self {
+        Self(std::array::from_fn(|lane| self.0[lane] * c + sum.0[lane]))
+    }
+
+    #[inline(always)]
+    fn store(self, out: &mut [f32]) {
+        out[..L].copy_from_slice(&self.0);
+    }
+
+    #[inline(always)]
+    unsafe fn load_first(at: *const f32, count: usize) -> Self {
+        // SAFETY: the caller guarantees `at..at + count` is readable.
+        Self(std::array::from_fn(|lane| {
+            if lane < count {
+                unsafe { *at.add(lane) }
+            } else {
+                0.0
+            }
+        }))
+    }
+
+    #[inline(always)]
+    fn store_first(self, out: &mut [f32], count: usize) {
+        out[..count].copy_from_slice(&self.0[..count]);
+    }
+}
+
+/// Eight lanes in an AVX2 register, with fused multiply-adds: written with intrinsics, as
+/// arrays of eight `f32`s at eight rows a block LLVM no longer kept in registers.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(crate) struct Avx2Lanes(std::arch::x86_64::__m256);
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes for Avx2Lanes {
+    const LANES: usize = 8;
+
+    #[inline(always)]
+    fn zero() -> Self {
+        // SAFETY: AVX (below AVX2) is there wherever `Fused` or `Wide` runs.
+        Self(unsafe { std::arch::x86_64::_mm256_setzero_ps() })
+    }
+
+    #[inline(always)]
+    unsafe fn load(at: *const f32) -> Self {
+        // SAFETY: the caller guarantees the 8 floats; AVX as above.
+        Self(unsafe { std::arch::x86_64::_mm256_loadu_ps(at) })
+    }
+
+    #[inline(always)]
+    fn mul_add(self, c: f32, sum: Self) -> Self {
+        // SAFETY: `Avx2Lanes` is used only by `Fused` and `Wide`, which run only where
+        // the CPU has AVX2 and FMA.
+        Self(unsafe { mul_add8_avx2(self.0, c, sum.0) })
+    }
+
+    #[inline(always)]
+    fn store(self, out: &mut [f32]) {
+        let out = &mut out[..8];
+        // SAFETY: `out` holds the 8 floats; AVX as above.
+        unsafe { std::arch::x86_64::_mm256_storeu_ps(out.as_mut_ptr(), self.0) }
+    }
+
+    #[inline(always)]
+    unsafe fn load_first(at: *const f32, count: usize) -> Self {
+        let mut lanes = [0.0f32; 8];
+        // SAFETY: the caller guarantees `at..at + count` is readable, and count ≤ 8.
+        unsafe { std::ptr::copy_nonoverlapping(at, lanes.as_mut_ptr(), count) };
+        // SAFETY: `lanes` holds the 8 floats.
+        unsafe { Self::load(lanes.as_ptr()) }
+    }
+
+    #[inline(always)]
+    fn store_first(self, out: &mut [f32], count: usize) {
+        let mut lanes = [0.0f32; 8];
+        self.store(&mut lanes);
+        out[..count].copy_from_slice(&lanes[..count]);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn mul_add8_avx2(
+    x: std::arch::x86_64::__m256,
+    c: f32,
+    sum: std::arch::x86_64::__m256,
+) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    _mm256_fmadd_ps(x, _mm256_set1_ps(c), sum)
+}
+
+/// Sixteen lanes in an AVX-512 register, with fused multiply-adds: each lane is the same
+/// operation as [`Avx2Lanes`]', so the numbers are the same.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(crate) struct Avx512Lanes(std::arch::x86_64::__m512);
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes for Avx512Lanes {
+    const LANES: usize = 16;
+
+    #[inline(always)]
+    fn zero() -> Self {
+        // SAFETY: `Avx512Lanes` is used only by `Wide`, which runs only where the CPU has
+        // AVX-512 F and VL.
+        Self(unsafe { zero16_avx512() })
+    }
+
+    #[inline(always)]
+    unsafe fn load(at: *const f32) -> Self {
+        // SAFETY: the caller guarantees the 16 floats; AVX-512 as above.
+        Self(unsafe { load16_avx512(at) })
+    }
+
+    #[inline(always)]
+    fn mul_add(self, c: f32, sum: Self) -> Self {
+        // SAFETY: AVX-512 as above.
+        Self(unsafe { mul_add16_avx512(self.0, c, sum.0) })
+    }
+
+    #[inline(always)]
+    fn store(self, out: &mut [f32]) {
+        let out = &mut out[..16];
+        // SAFETY: `out` holds the 16 floats; AVX-512 as above.
+        unsafe { store16_avx512(out.as_mut_ptr(), self.0) }
+    }
+
+    #[inline(always)]
+    unsafe fn load_first(at: *const f32, count: usize) -> Self {
+        if count == 8 {
+            // SAFETY: the caller guarantees the 8 floats; AVX-512 as above.
+            return Self(unsafe { load16_first8_avx512(at) });
+        }
+        // SAFETY: lanes past `count` are masked off, so neither read nor a fault; AVX-512
+        // as above.
+        Self(unsafe { load16_first_avx512(at, first_lanes(count)) })
+    }
+
+    #[inline(always)]
+    fn store_first(self, out: &mut [f32], count: usize) {
+        let out = &mut out[..count];
+        // Eight lanes (any padded width's tail) by a plain 8-lane store, and loaded by a
+        // plain 8-lane load: in the decoder step's kernel (one thread, POMO-sized) the
+        // backward pass took 0.58–0.60 ms against 0.63–0.64 ms with masks, the
+        // forward 0.56 against 0.52–0.54 ms.
+        if count == 8 {
+            // SAFETY: `out` holds the 8 floats; AVX-512 as above.
+            return unsafe { store16_first8_avx512(out.as_mut_ptr(), self.0) };
+        }
+        // SAFETY: `out` holds the `count` floats written; AVX-512 as above.
+        unsafe { store16_first_avx512(out.as_mut_ptr(), first_lanes(count), self.0) }
+    }
+}
+
+/// # Safety
+/// `at..at + 8` must be readable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load16_first8_avx512(at: *const f32) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller guarantees the 8 floats.
+    _mm512_zextps256_ps512(unsafe { _mm256_loadu_ps(at) })
+}
+
+/// # Safety
+/// `at..at + 8` must be writable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn store16_first8_avx512(at: *mut f32, x: std::arch::x86_64::__m512) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller guarantees the 8 floats.
+    unsafe { _mm256_storeu_ps(at, _mm512_castps512_ps256(x)) }
+}
+
+/// The mask of lanes `..count` of 16.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn first_lanes(count: usize) -> u16 {
+    (((1u32 << count) - 1) & 0xFFFF) as u16
+}
+
+/// # Safety
+/// The lanes of `mask` from `at` must be readable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load16_first_avx512(at: *const f32, mask: u16) -> std::arch::x86_64::__m512 {
+    // SAFETY: the caller guarantees the masked lanes.
+    unsafe { std::arch::x86_64::_mm512_maskz_loadu_ps(mask, at) }
+}
+
+/// # Safety
+/// The lanes of `mask` from `at` must be writable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn store16_first_avx512(at: *mut f32, mask: u16, x: std::arch::x86_64::__m512) {
+    // SAFETY: the caller guarantees the masked lanes.
+    unsafe { std::arch::x86_64::_mm512_mask_storeu_ps(at, mask, x) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn zero16_avx512() -> std::arch::x86_64::__m512 {
+    std::arch::x86_64::_mm512_setzero_ps()
+}
+
+/// # Safety
+/// `at..at + 16` must be readable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load16_avx512(at: *const f32) -> std::arch::x86_64::__m512 {
+    // SAFETY: the caller guarantees the 16 floats.
+    unsafe { std::arch::x86_64::_mm512_loadu_ps(at) }
+}
+
+/// # Safety
+/// `at..at + 16` must be writable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn store16_avx512(at: *mut f32, x: std::arch::x86_64::__m512) {
+    // SAFETY: the caller guarantees the 16 floats.
+    unsafe { std::arch::x86_64::_mm512_storeu_ps(at, x) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn mul_add16_avx512(
+    x: std::arch::x86_64::__m512,
+    c: f32,
+    sum: std::arch::x86_64::__m512,
+) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    _mm512_fmadd_ps(x, _mm512_set1_ps(c), sum)
+}
+
+/// Rows of one instance (and, for its key gradients, nodes) taken together, at most: see
+/// [`MulAdd::ROW_BLOCK`]. They read the same keys, so each key vector loaded serves all of
+/// them, and their sums are independent chains: a row alone keeps only two or three
+/// vectors of sums in flight, and each multiply-add waits on the one before it.
+pub(crate) const MAX_ROW_BLOCK: usize = 8;
+
+/// How many of the `left` rows (or nodes) the form `M` takes next: its
+/// [`MulAdd::ROW_BLOCK`], 4, 2 or 1.
+#[inline(always)]
+pub(crate) fn rows_in_block<M: MulAdd>(left: usize) -> usize {
+    match left {
+        left if left >= M::ROW_BLOCK => M::ROW_BLOCK,
+        left if left >= 4 => 4,
+        left if left >= 2 => 2,
+        _ => 1,
+    }
+}
+
+/// Where a weighted sum over several rows reads its coefficients and writes its outputs:
+/// row r's k-th coefficient is `coefs[r·coef_stride + k·coef_step]` (k < count), its
+/// output `out[r·out_stride ..][..width]`. A `coef_step` other than 1 reads coefficients
+/// where another loop left them (a column of a row-major table) instead of from a
+/// transposed copy.
+#[derive(Clone, Copy)]
+pub(crate) struct RowsAt {
+    pub(crate) coef_stride: usize,
+    pub(crate) coef_step: usize,
+    pub(crate) count: usize,
+    pub(crate) out_stride: usize,
+}
+
+impl RowsAt {
+    /// Row r's coefficients `coefs[r·coef_stride ..][..count]`, one after another.
+    pub(crate) fn contiguous(coef_stride: usize, count: usize, out_stride: usize) -> Self {
+        Self {
+            coef_stride,
+            coef_step: 1,
+            count,
+            out_stride,
+        }
+    }
+
+    /// Where row r's k-th coefficient is.
+    #[inline(always)]
+    fn coef(&self, r: usize, k: usize) -> usize {
+        r * self.coef_stride + k * self.coef_step
+    }
+}
+
+/// `R` rows' weighted sums over the same `rows`: row r's `out[..width] = Σ_k c(r, k) ·
+/// rows[k·stride ..][..width]`, with c(r, k) where `at` says. Each output is summed in k
+/// order whatever `R` is, so blocking rows, or the vectors' width, changes no result. The
+/// sums stay in registers, three vectors of `R` ≤ 4 rows at a time (4 × 3 sums, 3 keys
+/// and a coefficient fill AVX2's 16 registers), two of 8 rows, four of a single row.
+/// Under [`Wide`] every lane is in 16-lane vectors, the last one partial (masked loads
+/// and stores); otherwise in 8-lane vectors, and lanes past a multiple of 8 one by one.
+/// Dense: the backward's coefficients are zero at masked nodes, but a branch per
+/// coefficient on the mask's pattern cost more than the multiply-adds it saved (and
+/// adding `x · 0` leaves a sum exactly as it was).
+#[inline(always)]
+pub(crate) fn weighted_sums<M: MulAdd, const R: usize>(
+    coefs: &[f32],
+    rows: &[f32],
+    (stride, width): (usize, usize),
+    at: RowsAt,
+    out: &mut [f32],
+) {
+    if M::WIDE {
+        // Every lane in 16-lane vectors, the last one partial: a masked load costs what a
+        // whole one does, where an 8-lane loop after the 16-lane one had half the sums in
+        // flight.
+        weighted_vectors::<M::Sum16, R, true>(coefs, rows, (stride, width), at, out);
+        return;
+    }
+    let start = weighted_vectors::<M::Sum8, R, false>(coefs, rows, (stride, width), at, out);
+    for r in 0..R {
+        for lane in start..width {
+            out[r * at.out_stride + lane] = (0..at.count).fold(0.0, |acc, k| {
+                M::mul_add(rows[k * stride + lane], coefs[at.coef(r, k)], acc)
+            });
+        }
+    }
+}
+
+/// [`weighted_sums`] over the `LANES`-lane vectors of lanes `..width`, in blocks: whole
+/// vectors only, or (`PARTIAL`) with the last one partial too; returns where they end.
+#[inline(always)]
+fn weighted_vectors<V: Lanes, const R: usize, const PARTIAL: bool>(
+    coefs: &[f32],
+    rows: &[f32],
+    (stride, width): (usize, usize),
+    at: RowsAt,
+    out: &mut [f32],
+) -> usize {
+    let vectors = if PARTIAL {
+        width.div_ceil(V::LANES)
+    } else {
+        width / V::LANES
+    };
+    // A row alone has the registers for four vectors of sums at a time, eight rows for two.
+    let per_block = match R {
+        1 => 4,
+        8 => 2,
+        _ => 3,
+    };
+    let mut start = 0;
+    // The lanes of a block's last vector.
+    let last_lanes =
+        |start: usize, vectors: usize| (width - start - (vectors - 1) * V::LANES).min(V::LANES);
+    for _ in 0..vectors / per_block {
+        let block = (start, last_lanes(start, per_block));
+        match per_block {
+            4 => weighted_rows_block::<V, R, 4>(coefs, rows, stride, block, at, out),
+            3 => weighted_rows_block::<V, R, 3>(coefs, rows, stride, block, at, out),
+            _ => weighted_rows_block::<V, R, 2>(coefs, rows, stride, block, at, out),
+        }
+        start += V::LANES * per_block;
+    }
+    let left = vectors % per_block;
+    if left > 0 {
+        let block = (start, last_lanes(start, left));
+        match left {
+            3 => weighted_rows_block::<V, R, 3>(coefs, rows, stride, block, at, out),
+            2 => weighted_rows_block::<V, R, 2>(coefs, rows, stride, block, at, out),
+            _ => weighted_rows_block::<V, R, 1>(coefs, rows, stride, block, at, out),
+        }
+    }
+    if PARTIAL {
+        width
+    } else {
+        vectors * V::LANES
+    }
+}
+
+/// `B` vectors of lanes from `start` for `R` rows, the last vector's first `last_lanes`
+/// only.
+#[inline(always)]
+fn weighted_rows_block<V: Lanes, const R: usize, const B: usize>(
+    coefs: &[f32],
+    rows: &[f32],
+    stride: usize,
+    (start, last_lanes): (usize, usize),
+    at: RowsAt,
+    out: &mut [f32],
+) {
+    let mut acc = [[V::zero(); B]; R];
+    let lanes = (B - 1) * V::LANES + last_lanes;
+    if let Some(last) = at.count.checked_sub(1) {
+        // One bounds check each for every key row and coefficient the loop reads.
+        assert!(
+            last * stride + start + lanes <= rows.len(),
+            "rows too short"
+        );
+        assert!(at.coef(R - 1, last) < coefs.len(), "coefficients too short");
+        let mut row = rows[start..].as_ptr();
+        for k in 0..at.count {
+            // SAFETY: row k starts at rows[k·stride + start] and is read `lanes` floats
+            // on, within `rows` by the assertion above.
+            let x: [V; B] = std::array::from_fn(|b| unsafe {
+                let at = row.add(b * V::LANES);
+                if b + 1 < B || last_lanes == V::LANES {
+                    V::load(at)
+                } else {
+                    V::load_first(at, last_lanes)
+                }
+            });
+            for (r, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: r < R and k < count: within `coefs` (asserted).
+                let c = unsafe { *coefs.get_unchecked(at.coef(r, k)) };
+                for (acc, &x) in acc.iter_mut().zip(&x) {
+                    *acc = x.mul_add(c, *acc);
+                }
+            }
+            row = row.wrapping_add(stride);
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (b, acc) in acc.iter().enumerate() {
+            let out = &mut out[r * at.out_stride + start + b * V::LANES..];
+            if b + 1 < B || last_lanes == V::LANES {
+                acc.store(out);
+            } else {
+                acc.store_first(out, last_lanes);
+            }
+        }
+    }
+}
+
+/// [`weighted_sums`] for `outputs` consecutive outputs, [`MulAdd::ROW_BLOCK`] at a time: output
+/// r's coefficients are `coefs[r·coef_stride ..][..count]`, its sums
+/// `out[r·out_stride ..][..width]`.
+#[inline(always)]
+pub(crate) fn weighted_sums_all<M: MulAdd>(
+    outputs: usize,
+    coefs: &[f32],
+    rows: &[f32],
+    stride_width: (usize, usize),
+    at: RowsAt,
+    out: &mut [f32],
+) {
+    let mut r = 0;
+    while r < outputs {
+        let count = rows_in_block::<M>(outputs - r);
+        let coefs = &coefs[r * at.coef_stride..];
+        let out = &mut out[r * at.out_stride..];
+        match count {
+            8 => weighted_sums::<M, 8>(coefs, rows, stride_width, at, out),
+            4 => weighted_sums::<M, 4>(coefs, rows, stride_width, at, out),
+            2 => weighted_sums::<M, 2>(coefs, rows, stride_width, at, out),
+            _ => weighted_sums::<M, 1>(coefs, rows, stride_width, at, out),
+        }
+        r += count;
+    }
+}
+
+/// Heads taken together by [`head_weighted_sums`]: four heads of two vectors of sums fill
+/// eight of AVX2's sixteen registers, with the coefficient and a value vector beside them.
+const HEAD_BLOCK: usize = 4;
+
+/// Whether [`head_weighted_sums`] takes heads of `head_dim` features: whole vectors, at
+/// most two of them.
+pub(crate) fn heads_fit(head_dim: usize) -> bool {
+    head_dim.is_multiple_of(8) && head_dim <= 16
+}
+
+/// One row's weighted values for every head: `out[h·dk ..][..dk] = Σ_n coefs[h·N + n] ·
+/// values[n·H·dk + h·dk ..][..dk]`, where `coefs` is `[H, N]` and `values` `[N, H, dk]`.
+/// The heads' sums are independent chains, so [`HEAD_BLOCK`] heads go through the nodes
+/// together; each output is still summed in node order, as [`weighted_sums`] sums it.
+/// Call it only where [`heads_fit`] holds.
+#[inline(always)]
+pub(crate) fn head_weighted_sums<M: MulAdd>(
+    coefs: &[f32],
+    values: &[f32],
+    (nodes, heads, head_dim): (usize, usize, usize),
+    out: &mut [f32],
+) {
+    let mut head = 0;
+    while head < heads {
+        let at = (head, nodes, heads * head_dim);
+        match ((heads - head).min(HEAD_BLOCK), head_dim / 8) {
+            (4, 2) => heads_block::<M, 4, 2>(coefs, values, at, out),
+            (4, _) => heads_block::<M, 4, 1>(coefs, values, at, out),
+            (3, 2) => heads_block::<M, 3, 2>(coefs, values, at, out),
+            (3, _) => heads_block::<M, 3, 1>(coefs, values, at, out),
+            (2, 2) => heads_block::<M, 2, 2>(coefs, values, at, out),
+            (2, _) => heads_block::<M, 2, 1>(coefs, values, at, out),
+            (_, 2) => heads_block::<M, 1, 2>(coefs, values, at, out),
+            (_, _) => heads_block::<M, 1, 1>(coefs, values, at, out),
+        }
+        head += HEAD_BLOCK;
+    }
+}
+
+/// [`head_weighted_sums`] for heads `first..first + H` of `V` vectors each, at
+/// `(first, nodes, features per node)`.
+#[inline(always)]
+fn heads_block<M: MulAdd, const H: usize, const V: usize>(
+    coefs: &[f32],
+    values: &[f32],
+    (first, nodes, stride): (usize, usize, usize),
+    out: &mut [f32],
+) {
+    let head_dim = 8 * V;
+    let mut acc = [[[0.0f32; 8]; V]; H];
+    if let Some(last) = nodes.checked_sub(1) {
+        // One bounds check each for every value row and coefficient the loop reads.
+        let start = first * head_dim;
+        assert!(
+            last * stride + start + H * head_dim <= values.len(),
+            "values too short"
+        );
+        assert!((first + H) * nodes <= coefs.len(), "coefficients too short");
+        for node in 0..nodes {
+            for (h, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: (first + h)·nodes + node < (first + H)·nodes (asserted).
+                let c = unsafe { *coefs.get_unchecked((first + h) * nodes + node) };
+                for (v, acc) in acc.iter_mut().enumerate() {
+                    let at = node * stride + start + h * head_dim + v * 8;
+                    // SAFETY: at + 8 ≤ last·stride + start + H·head_dim (asserted).
+                    let x: [f32; 8] =
+                        std::array::from_fn(|lane| unsafe { *values.get_unchecked(at + lane) });
+                    for (acc, &x) in acc.iter_mut().zip(&x) {
+                        *acc = M::mul_add(x, c, *acc);
+                    }
+                }
+            }
+        }
+    }
+    for (h, acc) in acc.iter().enumerate() {
+        for (v, acc) in acc.iter().enumerate() {
+            let at = (first + h) * head_dim + v * 8;
+            out[at..at + 8].copy_from_slice(acc);
+        }
+    }
+}
+
+const LOG2_E: f32 = std::f32::consts::LOG2_E;
+const LN2_HI: f32 = 0.693_145_75;
+const LN2_LO: f32 = 1.428_606_8e-6;
+/// Adding 1.5·2²³ rounds to the nearest integer k and leaves k in the low mantissa bits.
+const ROUND: f32 = 12_582_912.0;
+const ROUND_BITS: i32 = 0x4B40_0000;
+/// e^r's Taylor coefficients, 1/7! first.
+const EXP_TAYLOR: [f32; 8] = [
+    1.0 / 5040.0,
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
+
+/// e^x for f32 without a libm call (glibc's `expf` is a call per element, and
+/// exponentials were half of the forward pass): x = k·ln 2 + r with |r| ≤ ln 2 / 2, e^r by
+/// its Taylor polynomial to degree 7 (truncation below 1e-8 relative), 2^k from the
+/// exponent bits. Arguments below −87 (−∞ included) give ~1e-38, not 0: callers that need
+/// exact zeros (masked nodes) set them.
+#[inline(always)]
+pub(crate) fn exp_lane(x: f32) -> f32 {
+    let x = x.clamp(-87.0, 88.0);
+    let shifted = x * LOG2_E + ROUND;
+    let k_int = shifted.to_bits() as i32 - ROUND_BITS;
+    let k = shifted - ROUND;
+    let r = (x - k * LN2_HI) - k * LN2_LO;
+    let p = EXP_TAYLOR[1..]
+        .iter()
+        .fold(EXP_TAYLOR[0], |p, &c| p * r + c);
+    p * f32::from_bits(((k_int + 127) << 23) as u32)
+}
+
+/// [`Plain::kept_max8`] in AVX2 registers (LLVM kept the scalar form's lanes apart, at ~6
+/// instructions a lane): `max_ps(a, b)` is `a > b ? a : b`, NaN and signed zeros included,
+/// so every lane gets the scalar form's value.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn kept_max8_avx2(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]) {
+    use std::arch::x86_64::*;
+    // SAFETY: each load and the store touch exactly one of the three 8-float arrays.
+    let (v, k, m) = unsafe {
+        (
+            _mm256_loadu_ps(values.as_ptr()),
+            _mm256_loadu_ps(keep.as_ptr()),
+            _mm256_loadu_ps(max.as_ptr()),
+        )
+    };
+    // `keep != 0.0` is true for NaN too: unordered not-equal.
+    let kept = _mm256_cmp_ps::<_CMP_NEQ_UQ>(k, _mm256_setzero_ps());
+    let candidate = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), v, kept);
+    // SAFETY: as above.
+    unsafe { _mm256_storeu_ps(max.as_mut_ptr(), _mm256_max_ps(candidate, m)) };
+}
+
+/// [`exp_lane`] on eight lanes in AVX2 registers, with fused multiply-adds (LLVM keeps the
+/// scalar form's lanes apart: it was ~13 instructions an element).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn exp8_avx2(x: &mut [f32; 8]) {
+    use std::arch::x86_64::*;
+    // SAFETY: the loads and stores touch exactly `x`'s eight floats.
+    let v = unsafe { _mm256_loadu_ps(x.as_ptr()) };
+    // max(lo, v) and min(hi, ·) return their second operand when it is NaN: NaN stays.
+    let v = _mm256_min_ps(
+        _mm256_set1_ps(88.0),
+        _mm256_max_ps(_mm256_set1_ps(-87.0), v),
+    );
+    let shifted = _mm256_fmadd_ps(v, _mm256_set1_ps(LOG2_E), _mm256_set1_ps(ROUND));
+    let k_int = _mm256_sub_epi32(_mm256_castps_si256(shifted), _mm256_set1_epi32(ROUND_BITS));
+    let k = _mm256_sub_ps(shifted, _mm256_set1_ps(ROUND));
+    let r = _mm256_fnmadd_ps(k, _mm256_set1_ps(LN2_HI), v);
+    let r = _mm256_fnmadd_ps(k, _mm256_set1_ps(LN2_LO), r);
+    let mut p = _mm256_set1_ps(EXP_TAYLOR[0]);
+    for c in &EXP_TAYLOR[1..] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
+    }
+    let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(k_int, _mm256_set1_epi32(127)));
+    let out = _mm256_mul_ps(p, _mm256_castsi256_ps(pow2));
+    // SAFETY: as above.
+    unsafe { _mm256_storeu_ps(x.as_mut_ptr(), out) };
+}
+/// [`exp_lane`] on eight lanes in AVX2 registers, each product and sum rounded apart as
+/// the scalar form rounds them, so every lane gets its bits (NaN stays NaN, as through
+/// `clamp`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn exp8_unfused_avx2(x: &mut [f32; 8]) {
+    use std::arch::x86_64::*;
+    // SAFETY: the loads and stores touch exactly `x`'s eight floats.
+    let v = unsafe { _mm256_loadu_ps(x.as_ptr()) };
+    let v = _mm256_min_ps(
+        _mm256_set1_ps(88.0),
+        _mm256_max_ps(_mm256_set1_ps(-87.0), v),
+    );
+    let shifted = _mm256_add_ps(
+        _mm256_mul_ps(v, _mm256_set1_ps(LOG2_E)),
+        _mm256_set1_ps(ROUND),
+    );
+    let k_int = _mm256_sub_epi32(_mm256_castps_si256(shifted), _mm256_set1_epi32(ROUND_BITS));
+    let k = _mm256_sub_ps(shifted, _mm256_set1_ps(ROUND));
+    let r = _mm256_sub_ps(v, _mm256_mul_ps(k, _mm256_set1_ps(LN2_HI)));
+    let r = _mm256_sub_ps(r, _mm256_mul_ps(k, _mm256_set1_ps(LN2_LO)));
+    let mut p = _mm256_set1_ps(EXP_TAYLOR[0]);
+    for c in &EXP_TAYLOR[1..] {
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(*c));
+    }
+    let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(k_int, _mm256_set1_epi32(127)));
+    let out = _mm256_mul_ps(p, _mm256_castsi256_ps(pow2));
+    // SAFETY: as above.
+    unsafe { _mm256_storeu_ps(x.as_mut_ptr(), out) };
+}
+
+/// The largest of `values` where `keep` is non-zero (−∞ when none is), 8 lanes at a time.
+#[inline(always)]
+pub(crate) fn kept_max<M: MulAdd>(values: &[f32], keep: &[f32]) -> f32 {
+    let mut max = [f32::NEG_INFINITY; 8];
+    for (v, k) in values.chunks_exact(8).zip(keep.chunks_exact(8)) {
+        M::kept_max8(
+            v.try_into().expect("8 lanes"),
+            k.try_into().expect("8 lanes"),
+            &mut max,
+        );
+    }
+    max.iter()
+        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+}
+
+/// `values[i] = e^(values[i] − max) · keep[i]` in whole 8-lane chunks; returns their sum.
+#[inline(always)]
+pub(crate) fn kept_exp_sum<M: MulAdd>(values: &mut [f32], max: f32, keep: &[f32]) -> f32 {
+    let mut sums = [0.0f32; 8];
+    for (v, k) in values.chunks_exact_mut(8).zip(keep.chunks_exact(8)) {
+        let v: &mut [f32; 8] = v.try_into().expect("8 lanes");
+        for lane in v.iter_mut() {
+            *lane -= max;
+        }
+        M::exp8(v);
+        for lane in 0..8 {
+            v[lane] *= k[lane];
+            sums[lane] += v[lane];
+        }
+    }
+    sums.iter().sum()
+}
+
+/// Masked softmax in place over padded lanes (`keep`: 1 at nodes that may be chosen, 0 at
+/// masked nodes and padding, which get weight exactly 0), max-subtracted as Burn's own
+/// `softmax` is.
+#[inline(always)]
+pub(crate) fn masked_softmax<M: MulAdd>(values: &mut [f32], keep: &[f32]) {
+    let max = kept_max::<M>(values, keep);
+    let inverse = 1.0 / kept_exp_sum::<M>(values, max, keep);
+    // In whole 8-lane chunks: over a slice of unknown length LLVM left the loop scalar.
+    for chunk in values.chunks_exact_mut(8) {
+        for v in chunk {
+            *v *= inverse;
+        }
+    }
+}
+
+/// [`masked_softmax`] of `R` rows of padded lanes (`values` and `keep`: `[R, Np]`), each
+/// row's first `n` weights written to `out[r·out_stride ..][..n]`: the same numbers, in
+/// three passes over the rows (maxima, then exponentials and sums, then weights), so that
+/// each pass's rows are independent chains rather than one row's serial reductions after
+/// another.
+#[inline(always)]
+pub(crate) fn masked_softmax_rows<M: MulAdd, const R: usize>(
+    (values, keep): (&mut [f32], &[f32]),
+    np: usize,
+    out: &mut [f32],
+    (n, out_stride): (usize, usize),
+) {
+    // Loops, not `array::from_fn`: its closure is a function of its own, compiled
+    // without the caller's AVX2, into which the AVX2 exponential cannot be inlined.
+    let mut max = [0.0f32; R];
+    for (r, max) in max.iter_mut().enumerate() {
+        *max = kept_max::<M>(&values[r * np..][..np], &keep[r * np..][..np]);
+    }
+    let mut inverse = [0.0f32; R];
+    for (r, inverse) in inverse.iter_mut().enumerate() {
+        let row = &mut values[r * np..][..np];
+        *inverse = 1.0 / kept_exp_sum::<M>(row, max[r], &keep[r * np..][..np]);
+    }
+    for (r, inverse) in inverse.iter().enumerate() {
+        let row_out = &mut out[r * out_stride..][..n];
+        // Whole 8-lane chunks, then lane by lane (where LLVM would end the loop in masked
+        // stores, as `Avx512Lanes::store_first` avoids them).
+        let mut chunks = row_out.chunks_exact_mut(8);
+        let mut row = values[r * np..][..n].chunks_exact(8);
+        for (o, v) in (&mut chunks).zip(&mut row) {
+            for (o, &v) in o.iter_mut().zip(v) {
+                *o = v * inverse;
+            }
+        }
+        for (o, &v) in chunks.into_remainder().iter_mut().zip(row.remainder()) {
+            *o = v * inverse;
+        }
+    }
+}
+
+/// Node counts padded to whole 8-lane vectors.
+pub(crate) fn padded(nodes: usize) -> usize {
+    nodes.div_ceil(8) * 8
+}
+/// `fn $name(args)` that runs `$kernel::<M>(args)`, a kernel generic over [`MulAdd`], in
+/// the best form the CPU allows, picked at run time: [`Wide`] compiled for AVX-512 F and
+/// VL, else [`Fused`] compiled for AVX2 and FMA, else [`Plain`].
+macro_rules! simd_dispatch {
+    ($(#[$meta:meta])* fn $name:ident => $kernel:ident($($arg:ident: $ty:ty),* $(,)?)) => {
+        $(#[$meta])*
+        fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+                fn avx512($($arg: $ty),*) {
+                    $kernel::<$crate::ops::row_kernels::Wide>($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                fn avx2($($arg: $ty),*) {
+                    $kernel::<$crate::ops::row_kernels::Fused>($($arg),*)
+                }
+                if $crate::ops::row_kernels::has_avx512() {
+                    // SAFETY: the CPU supports AVX-512 (F and VL), AVX2 and FMA (checked).
+                    return unsafe { avx512($($arg),*) };
+                }
+                if $crate::ops::row_kernels::has_avx2_fma() {
+                    // SAFETY: the CPU supports AVX2 and FMA (checked).
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $kernel::<$crate::ops::row_kernels::Plain>($($arg),*)
+        }
+    };
+}
+pub(crate) use simd_dispatch;
+
+/// Whether the `avx512f,avx512vl` builds of the kernels (with [`Wide`]) may run.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && has_avx2_fma()
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx2_fma() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
+/// A contiguous f32 flex tensor's values, without a copy.
+pub(crate) fn floats(t: &burn_flex::FlexTensor) -> &[f32] {
+    t.as_slice::<f32>()
+        .expect("the fused operations run in f32 on contiguous tensors")
+}
+
+/// A contiguous f32 flex tensor of `shape` that takes `values` over.
+pub(crate) fn tensor(
+    values: Vec<f32>,
+    shape: impl Into<burn::tensor::Shape>,
+) -> burn_flex::FlexTensor {
+    burn_flex::FlexTensor::new(
+        burn::backend::Bytes::from_elems(values),
+        burn_flex::Layout::contiguous(shape.into()),
+        burn::backend::DType::F32,
+    )
+}
+
+/// A kernel's outputs from one run, each with its name.
+#[cfg(test)]
+pub(crate) type NamedOutputs = Vec<(&'static str, Vec<f32>)>;
+
+/// Runs a kernel in each form this CPU can run and checks the forms against each other:
+/// [`Wide`] must give [`Fused`]'s numbers bit for bit, and [`Plain`] (products and sums
+/// rounded apart) the same to 1e-4 relative. A machine picks one form at run time, so
+/// without this a test there checks only that one.
+#[cfg(test)]
+pub(crate) fn assert_forms_agree(
+    context: &str,
+    plain: impl FnOnce() -> NamedOutputs,
+    fused: impl FnOnce() -> NamedOutputs,
+    wide: impl FnOnce() -> NamedOutputs,
+) {
+    #[cfg(target_arch = "x86_64")]
+    let (can_fuse, can_widen) = (has_avx2_fma(), has_avx512());
+    #[cfg(not(target_arch = "x86_64"))]
+    let (can_fuse, can_widen) = (false, false);
+    if !can_fuse {
+        eprintln!("skipped: this CPU has no AVX2 and FMA");
+        return;
+    }
+    let fused = fused();
+    for ((name, want), (_, got)) in fused.iter().zip(&plain()) {
+        for (i, (&w, &g)) in want.iter().zip(got).enumerate() {
+            let close = w == g || (w - g).abs() <= 1e-4 * w.abs().max(1.0);
+            assert!(close, "{context}: plain {name}[{i}] {g} against {w}");
+        }
+    }
+    if !can_widen {
+        eprintln!("Wide not checked: this CPU has no AVX-512 F and VL");
+        return;
+    }
+    for ((name, want), (_, got)) in fused.iter().zip(&wide()) {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(
+            bits(want) == bits(got),
+            "{context}: {name} differs under AVX-512"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The polynomial exponential against libm's, where it is used (softmax arguments are
+    /// at most 0) and beyond.
+    #[test]
+    fn exp_lane_matches_exp_to_a_few_ulp() {
+        let mut worst = 0.0f32;
+        for i in 0..=170_000 {
+            let x = -87.0 + i as f32 * 1e-3;
+            let (ours, libm) = (exp_lane(x), x.exp());
+            worst = worst.max((ours - libm).abs() / libm);
+        }
+        assert!(worst < 5e-7, "worst relative error {worst}");
+        assert!(exp_lane(f32::NEG_INFINITY) < 1e-37);
+        assert_eq!(exp_lane(0.0), 1.0);
+        // Eight lanes at a time, both ways (the AVX2 one where the CPU has it), NaN kept.
+        let check = |exp8: fn(&mut [f32; 8])| {
+            let mut x = [-100.0, -87.0, -3.5, -1e-3, 0.0, 0.7, 20.0, f32::NAN];
+            let want = x.map(f32::exp);
+            exp8(&mut x);
+            assert!(x[0] < 1e-37, "{}", x[0]);
+            for (got, want) in x[1..7].iter().zip(&want[1..7]) {
+                assert!((got - want).abs() <= 5e-7 * want, "{got} vs {want}");
+            }
+            assert!(x[7].is_nan());
+        };
+        check(Plain::exp8);
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2_fma() {
+            check(Fused::exp8);
+        }
+    }
+
+    /// The heads taken together give each head's weighted sum bit for bit, in both forms,
+    /// at head sizes of one and two vectors and head counts that leave partial blocks.
+    #[test]
+    fn head_weighted_sums_match_one_head_at_a_time() {
+        let mut state = 99u32;
+        let mut next = move || {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (state >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        for (nodes, heads, head_dim) in
+            [(21, 8, 16), (101, 8, 16), (5, 3, 8), (1, 1, 16), (7, 6, 8)]
+        {
+            let d = heads * head_dim;
+            let coefs: Vec<f32> = (0..heads * nodes).map(|_| next()).collect();
+            let values: Vec<f32> = (0..nodes * d).map(|_| next()).collect();
+            let one_head = |head: usize, out: &mut [f32], fused: bool| {
+                let at = RowsAt::contiguous(0, nodes, 0);
+                let (c, v) = (&coefs[head * nodes..], &values[head * head_dim..]);
+                let o = &mut out[head * head_dim..];
+                match fused {
+                    false => weighted_sums::<Plain, 1>(c, v, (d, head_dim), at, o),
+                    #[cfg(target_arch = "x86_64")]
+                    true => unsafe { weighted_sums_avx2(c, v, (d, head_dim), at, o) },
+                    #[cfg(not(target_arch = "x86_64"))]
+                    true => weighted_sums::<Plain, 1>(c, v, (d, head_dim), at, o),
+                }
+            };
+            let (mut want, mut got) = (vec![0.0; d], vec![0.0; d]);
+            for head in 0..heads {
+                one_head(head, &mut want, false);
+            }
+            head_weighted_sums::<Plain>(&coefs, &values, (nodes, heads, head_dim), &mut got);
+            assert_eq!(got, want, "{nodes} nodes, {heads} heads of {head_dim}");
+            #[cfg(target_arch = "x86_64")]
+            if has_avx2_fma() {
+                for head in 0..heads {
+                    one_head(head, &mut want, true);
+                }
+                // SAFETY: the CPU has AVX2 and FMA (checked above).
+                unsafe {
+                    head_weighted_sums_avx2(&coefs, &values, (nodes, heads, head_dim), &mut got)
+                };
+                assert_eq!(
+                    got, want,
+                    "fused: {nodes} nodes, {heads} heads of {head_dim}"
+                );
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn weighted_sums_avx2(c: &[f32], v: &[f32], sw: (usize, usize), at: RowsAt, o: &mut [f32]) {
+        weighted_sums::<Fused, 1>(c, v, sw, at, o)
+    }
+
+    /// `R` rows' weighted sums in 16-lane vectors (`Wide`) and in 8-lane ones (`Fused`),
+    /// bit for bit, and against a plain sum in k order to within f32 rounding: widths
+    /// that are 16-lane vectors and blocks of them only, leave one 8-lane vector, or
+    /// leave single lanes; row blocks of 1, 2, 4 and 8; strides wider than the width;
+    /// each row's coefficients one after another, and as a column of a table (every
+    /// eighth float).
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn wide_weighted_sums_give_the_eight_lane_numbers() {
+        if !has_avx512() {
+            eprintln!("skipped: this CPU has no AVX-512 F and VL");
+            return;
+        }
+        #[target_feature(enable = "avx2,fma")]
+        fn fused<const R: usize>(c: &[f32], v: &[f32], sw: (usize, usize), at: RowsAt) -> Vec<f32> {
+            let mut out = vec![f32::NAN; R * at.out_stride];
+            weighted_sums::<Fused, R>(c, v, sw, at, &mut out);
+            out
+        }
+        #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+        fn wide<const R: usize>(c: &[f32], v: &[f32], sw: (usize, usize), at: RowsAt) -> Vec<f32> {
+            let mut out = vec![f32::NAN; R * at.out_stride];
+            weighted_sums::<Wide, R>(c, v, sw, at, &mut out);
+            out
+        }
+        let mut state = 7u32;
+        let mut next = move || {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (state >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        for width in [1, 7, 8, 15, 16, 24, 31, 40, 48, 64, 72, 128, 136] {
+            for count in [1, 5, 21] {
+                let stride = width + 3;
+                let rows: Vec<f32> = (0..count * stride).map(|_| next()).collect();
+                let coefs: Vec<f32> = (0..8 * count).map(|_| next()).collect();
+                let column = RowsAt {
+                    coef_stride: 1,
+                    coef_step: 8,
+                    count,
+                    out_stride: width,
+                };
+                for at in [RowsAt::contiguous(count, count, width), column] {
+                    let sw = (stride, width);
+                    // SAFETY: the CPU has AVX-512 F and VL, AVX2 and FMA (checked above).
+                    let pairs = unsafe {
+                        [
+                            (
+                                wide::<1>(&coefs, &rows, sw, at),
+                                fused::<1>(&coefs, &rows, sw, at),
+                            ),
+                            (
+                                wide::<2>(&coefs, &rows, sw, at),
+                                fused::<2>(&coefs, &rows, sw, at),
+                            ),
+                            (
+                                wide::<4>(&coefs, &rows, sw, at),
+                                fused::<4>(&coefs, &rows, sw, at),
+                            ),
+                            (
+                                wide::<8>(&coefs, &rows, sw, at),
+                                fused::<8>(&coefs, &rows, sw, at),
+                            ),
+                        ]
+                    };
+                    for (wide, fused) in pairs {
+                        let (wide_bits, fused_bits): (Vec<u32>, Vec<u32>) = (
+                            wide.iter().map(|x| x.to_bits()).collect(),
+                            fused.iter().map(|x| x.to_bits()).collect(),
+                        );
+                        assert_eq!(wide_bits, fused_bits, "width {width}, {count} rows summed");
+                        for (i, &got) in wide.iter().enumerate() {
+                            let (r, lane) = (i / width, i % width);
+                            let want: f32 = (0..count)
+                                .map(|k| coefs[at.coef(r, k)] * rows[k * stride + lane])
+                                .sum();
+                            assert!((got - want).abs() <= 1e-5, "width {width}: {got} vs {want}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The eight-lane exponential with its products and sums rounded apart gives
+    /// [`exp_lane`]'s bits, across the range and at its edges.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn unfused_exp8_gives_exp_lanes_bits() {
+        if !has_avx2_fma() {
+            eprintln!("skipped: this CPU has no AVX2 and FMA");
+            return;
+        }
+        let edges = [
+            f32::NEG_INFINITY,
+            -1e30,
+            -87.5,
+            -87.0,
+            -0.0,
+            0.0,
+            88.0,
+            89.0,
+        ];
+        let sweep = (0..=200_000).map(|i| -100.0 + i as f32 * 1e-3);
+        let inputs: Vec<f32> = edges.into_iter().chain(sweep).collect();
+        for chunk in inputs.chunks(8) {
+            let mut lanes = [0.0f32; 8];
+            lanes[..chunk.len()].copy_from_slice(chunk);
+            let want = lanes.map(exp_lane);
+            // SAFETY: the CPU has AVX2 and FMA (checked above).
+            unsafe { exp8_unfused_avx2(&mut lanes) };
+            assert_eq!(
+                lanes.map(f32::to_bits),
+                want.map(f32::to_bits),
+                "at {chunk:?}"
+            );
+        }
+        let mut nan = [f32::NAN; 8];
+        // SAFETY: as above.
+        unsafe { exp8_unfused_avx2(&mut nan) };
+        assert!(nan.iter().all(|x| x.is_nan()));
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn head_weighted_sums_avx2(c: &[f32], v: &[f32], sizes: (usize, usize, usize), o: &mut [f32]) {
+        head_weighted_sums::<Fused>(c, v, sizes, o)
+    }
+
+    /// The largest kept value, by hand, and the same bits from both forms: signed zeros,
+    /// infinities, NaN (kept and masked), nothing kept.
+    #[test]
+    fn kept_max_takes_the_largest_kept_value_in_both_forms() {
+        let values = [
+            -0.0,
+            0.0,
+            3.5,
+            -2.0,
+            9.0,
+            f32::NAN,
+            f32::NEG_INFINITY,
+            1.0, //
+            7.0,
+            -1.0,
+            0.5,
+            f32::INFINITY,
+            2.0,
+            -0.0,
+            4.0,
+            6.0,
+        ];
+        let keep_all = [1.0; 16];
+        let mut keep_some = [0.0; 16];
+        for i in [0, 1, 2, 3, 7, 9, 10, 14] {
+            keep_some[i] = 1.0;
+        }
+        let mut keep_nan = keep_some;
+        keep_nan[5] = 1.0;
+        assert_eq!(kept_max::<Plain>(&values, &keep_some), 4.0);
+        assert_eq!(kept_max::<Plain>(&values, &keep_all), f32::INFINITY);
+        assert_eq!(kept_max::<Plain>(&values, &[0.0; 16]), f32::NEG_INFINITY);
+        let zeros = [-0.0, 0.0, 0.0, -0.0, -0.0, -0.0, 0.0, -0.0];
+        assert!(kept_max::<Plain>(&zeros, &[1.0; 8]) == 0.0);
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2_fma() {
+            for keep in [keep_all, keep_some, keep_nan, [0.0; 16]] {
+                let (fused, plain) = (
+                    kept_max::<Fused>(&values, &keep),
+                    kept_max::<Plain>(&values, &keep),
+                );
+                assert_eq!(fused.to_bits(), plain.to_bits(), "keep {keep:?}");
+            }
+            // One chunk (the kept NaN is then its lane's last word), and −0 then +0 in
+            // every lane.
+            let mut signed_zeros = [-0.0; 16];
+            signed_zeros[8..].fill(0.0);
+            let cases = [
+                (&values[..8], &keep_nan[..8]),
+                (&signed_zeros[..], &keep_all[..]),
+                (&zeros[..], &keep_all[..8]),
+            ];
+            for (values, keep) in cases {
+                let fused = kept_max::<Fused>(values, keep);
+                let plain = kept_max::<Plain>(values, keep);
+                assert_eq!(fused.to_bits(), plain.to_bits(), "{values:?}");
+            }
+        }
+    }
+}
