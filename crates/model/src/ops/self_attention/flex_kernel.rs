@@ -101,21 +101,42 @@ impl BackwardScratch {
 pub(crate) fn forward(dims: Dims, qkv: &[f32], weights: Option<&mut [f32]>) -> Vec<f32> {
     let (n, d) = (dims.nodes, dims.embed());
     let mut out = vec![0.0f32; qkv.len() / 3];
-    let instances = out.len() / (n * d).max(1);
-    let per_instance: Vec<Option<&mut [f32]>> = match weights {
-        Some(w) => w.chunks_mut(dims.heads * n * padded(n)).map(Some).collect(),
-        None => (0..instances).map(|_| None).collect(),
+    let Some(weights) = weights else {
+        forward_in_row_blocks(dims, qkv, &mut out);
+        return out;
     };
     out.par_chunks_mut(n * d)
         .zip(qkv.par_chunks(n * 3 * d))
-        .zip(per_instance)
+        .zip(weights.par_chunks_mut(dims.heads * n * padded(n)))
         .for_each_init(
             || ForwardScratch::new(dims),
             |scratch, ((out, qkv), weights)| {
-                forward_instance_dispatch(dims, qkv, (out, weights), scratch)
+                forward_instance_dispatch(dims, qkv, (out, Some(weights)), scratch)
             },
         );
     out
+}
+
+/// [`forward`] without kept weights (inference), split by blocks of [`ROW_BLOCK`] query
+/// rows of every instance rather than by instance, so that one large instance takes every
+/// core. A block reads its instance's keys by feature again for each head (N·dk copies
+/// beside its ROW_BLOCK·N·dk products); instances of at most ROW_BLOCK nodes are one block
+/// each, as before. A row's sums run in the same order in any block.
+fn forward_in_row_blocks(dims: Dims, qkv: &[f32], out: &mut [f32]) {
+    let (n, d) = (dims.nodes, dims.embed());
+    let blocks: Vec<(usize, &mut [f32])> = out
+        .chunks_mut(n * d)
+        .enumerate()
+        .flat_map(|(b, rows)| rows.chunks_mut(ROW_BLOCK * d).map(move |block| (b, block)))
+        .collect();
+    blocks.into_par_iter().enumerate().for_each_init(
+        || ForwardScratch::new(dims),
+        |scratch, (k, (b, block))| {
+            let first = (k - b * n.div_ceil(ROW_BLOCK)) * ROW_BLOCK;
+            let qkv = &qkv[b * n * 3 * d..][..n * 3 * d];
+            forward_rows_dispatch(dims, qkv, (first, block), scratch);
+        },
+    );
 }
 
 /// The length of the attention weights [`forward`] keeps for `instances`: `[B, H, N, Np]`.
@@ -134,6 +155,40 @@ simd_dispatch! {
         out: ForwardOut,
         scratch: &mut ForwardScratch,
     )
+}
+
+simd_dispatch! {
+    /// [`forward_rows`] in the best form the CPU allows.
+    fn forward_rows_dispatch => forward_rows(
+        dims: Dims,
+        qkv: &[f32],
+        out: (usize, &mut [f32]),
+        scratch: &mut ForwardScratch,
+    )
+}
+
+/// Query rows `first..` of one instance (`qkv` `[N, 3d]`), as many as `out` holds
+/// (`[rows, d]`, at most `s.block_rows`), head by head, without kept weights.
+#[inline(always)]
+fn forward_rows<M: MulAdd>(
+    dims: Dims,
+    qkv: &[f32],
+    (first, out): (usize, &mut [f32]),
+    s: &mut ForwardScratch,
+) {
+    let (n, d, dk) = (dims.nodes, dims.embed(), dims.head_dim);
+    let np = padded(n);
+    let rows = out.len() / d;
+    for head in 0..dims.heads {
+        by_feature(&qkv[d + head * dk..], 3 * d, (n, dk), &mut s.keys_t);
+        let attention = &mut s.attention[..rows * np]; // [rows, Np]
+        let queries = &qkv[first * 3 * d + head * dk..];
+        attention_weights::<M>(dims, queries, (&s.keys_t, &s.keep), attention);
+        let by_weight = RowsAt::contiguous(np, n, d);
+        let values = &qkv[2 * d + head * dk..];
+        let out = &mut out[head * dk..];
+        weighted_sums_all::<M>(rows, attention, values, (3 * d, dk), by_weight, out);
+    }
 }
 
 /// One instance: `qkv` `[N, 3d]` → `out` `[N, d]`, head by head and, within a head, by
@@ -358,6 +413,28 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// Inference's blocks of query rows across instances (one instance of 600 nodes in three
+    /// blocks, three of 300 in two each, small ones in one) give the bits of the forward
+    /// that keeps its weights, instance by instance.
+    #[test]
+    fn inference_in_row_blocks_matches_the_training_forward() {
+        for (nodes, instances) in [(600, 1), (300, 3), (11, 5)] {
+            let dims = Dims {
+                nodes,
+                heads: 2,
+                head_dim: 8,
+            };
+            let qkv = pseudo_random(instances * nodes * 3 * dims.embed(), 13, 1.0);
+            let mut weights = vec![0.0f32; weights_len(dims, instances)];
+            let kept = forward(dims, &qkv, Some(&mut weights));
+            assert_eq!(
+                forward(dims, &qkv, None),
+                kept,
+                "{nodes} nodes, {instances} instances"
+            );
         }
     }
 
