@@ -53,57 +53,44 @@ impl DeviceTraits {
     }
 }
 
-/// Whether `device` (or the device an autodiff device wraps) runs through CubeCL: fusion
-/// caches plans and compiles kernels per relative op stream, and a host read is a sync.
-pub(crate) fn runs_through_cubecl(device: &Device) -> bool {
+/// How `device` runs through CubeCL: `None` where it does not, `Some(false)` for a CubeCL
+/// device, `Some(true)` for an autodiff device over one.
+fn on_cubecl(device: &Device) -> Option<bool> {
     #[cfg(feature = "cube")]
     {
         use burn::backend::DispatchDevice;
         match device.as_dispatch() {
-            DispatchDevice::Cube(_) => true,
-            DispatchDevice::Autodiff(inner) => matches!(**inner, DispatchDevice::Cube(_)),
+            DispatchDevice::Cube(_) => Some(false),
+            DispatchDevice::Autodiff(inner) => {
+                matches!(**inner, DispatchDevice::Cube(_)).then_some(true)
+            }
             #[allow(unreachable_patterns)]
-            _ => false,
+            _ => None,
         }
     }
     #[cfg(not(feature = "cube"))]
     {
         let _ = device;
-        false
+        None
     }
+}
+
+/// Whether `device` (or the device an autodiff device wraps) runs through CubeCL: fusion
+/// caches plans and compiles kernels per relative op stream, and a host read is a sync.
+pub(crate) fn runs_through_cubecl(device: &Device) -> bool {
+    on_cubecl(device).is_some()
 }
 
 /// Whether `device` is a CubeCL device without autodiff: there a decoder step makes each
 /// row's query from its context inside its kernel (`fused_step_from_context`).
 pub(crate) fn steps_from_context(device: &Device) -> bool {
-    #[cfg(feature = "cube")]
-    {
-        matches!(device.as_dispatch(), burn::backend::DispatchDevice::Cube(_))
-    }
-    #[cfg(not(feature = "cube"))]
-    {
-        let _ = device;
-        false
-    }
+    on_cubecl(device) == Some(false)
 }
 
 /// Whether `device` is an autodiff device over CubeCL (a training decode there is sampled
-/// outside autodiff and then scored in one step, see `AttentionModel::decode`).
+/// outside autodiff and then scored in one step: `DecodeRoute::SampleThenScore`).
 pub(crate) fn trains_through_cubecl(device: &Device) -> bool {
-    #[cfg(feature = "cube")]
-    {
-        use burn::backend::DispatchDevice;
-        match device.as_dispatch() {
-            DispatchDevice::Autodiff(inner) => matches!(**inner, DispatchDevice::Cube(_)),
-            #[allow(unreachable_patterns)]
-            _ => false,
-        }
-    }
-    #[cfg(not(feature = "cube"))]
-    {
-        let _ = device;
-        false
-    }
+    on_cubecl(device) == Some(true)
 }
 
 /// Whether `device` (or the device an autodiff device wraps) is a CUDA device: the one
