@@ -24,7 +24,8 @@ pub use model::attention_model::{
     AttentionModel, AttentionModelConfig, GradientDecode, Precomputed,
 };
 pub use model::decode::{
-    decode_chunk, decode_in_chunks, DecodeOptions, DecodeOutput, Policy, Selection,
+    decode_chunk, decode_in_chunks, decode_steps_taken, DecodeOptions, DecodeOutput, Policy,
+    Selection,
 };
 pub use model::encoder::{GraphEncoder, GraphEncoderConfig, Normalization};
 pub use model::pointer_network::{

@@ -11,8 +11,8 @@ use routeburn_cost::{Metric, Solution};
 use routeburn_data::{normalize_coords, Batch, Instance, InstanceRng};
 use routeburn_model::recorded_decode::RecordedDecode;
 use routeburn_model::{
-    decode_chunk, decode_in_chunks, DecodeOptions, DeviceBatch, MatmulPrecision, NoiseShape,
-    Policy, RoutingModel,
+    decode_chunk, decode_in_chunks, max_decode_steps, DecodeOptions, DeviceBatch, MatmulPrecision,
+    NoiseShape, Policy, RoutingModel,
 };
 
 use crate::config::{Config, ModelConfig};
@@ -21,6 +21,7 @@ use crate::evaluate::{download_ints, join_rows, validated_costs};
 use crate::import::{import, is_pytorch_file};
 use crate::memory::check_decode_fits;
 use crate::run::checkpoint::{record_error, Checkpoints, TrainState, BEST, LATEST, MODEL_FILE};
+use crate::run::progress::DecodeWatch;
 
 /// How to turn a model into solutions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -282,6 +283,9 @@ fn decode_batch(
     device: &Device,
 ) -> Vec<Tensor<2, Int>> {
     let chunk = decode_chunk(device, batch.n + 1);
+    let rollouts = batch.size * options.rows_per_instance(batch.n);
+    let chunks = batch.size.div_ceil(chunk.max(1));
+    let _watch = DecodeWatch::start(rollouts, batch.n, chunks * max_decode_steps(batch.n));
     decode_in_chunks(model, problem, 0..batch.size, options, chunk)
 }
 

@@ -1,10 +1,22 @@
 //! What a decode is asked for and what it returns; shared by every model.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use burn::tensor::{Device, Int, Tensor};
 
 use crate::model::problem::{max_decode_steps, DeviceBatch};
 use crate::model::state::{CvrpState, LoadArithmetic};
 use crate::runtime::device::{in_rounds, runs_through_cubecl};
+
+/// Decode steps this process has taken, every decode and chunk together, for a progress
+/// display that reads it from another thread while a long decode runs. Decodes that run
+/// step by step count (the CPU backends'); a decode in one launch counts none.
+static STEPS_TAKEN: AtomicUsize = AtomicUsize::new(0);
+
+/// [`STEPS_TAKEN`] now: read it before and during a decode.
+pub fn decode_steps_taken() -> usize {
+    STEPS_TAKEN.load(Ordering::Relaxed)
+}
 
 /// How the next node is chosen at each step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -187,6 +199,7 @@ pub(crate) fn rollout(
             record.push_log_prob(log_p.gather(1, action.clone())); // [R, 1]
         }
         record.push_action(action);
+        STEPS_TAKEN.fetch_add(1, Ordering::Relaxed);
     }
     record.finish(starts)
 }
@@ -536,6 +549,22 @@ mod tests {
                 assert_eq!(read_mask(kernel.mask()), read_mask(reference.mask()));
             }
         }
+    }
+
+    /// A decode step by step adds each of its steps to the process's count (other tests'
+    /// decodes may add theirs meanwhile): at least the decode's actions beyond its first.
+    #[test]
+    fn a_decode_counts_its_steps() {
+        use routeburn_data::{Generator, InstanceRng};
+        let device = Backend::first_on_host().unwrap().device().unwrap();
+        let model = crate::model::small_model(&device);
+        let batch = Generator::uniform(8).sample_batch(&mut InstanceRng::new(2), 3);
+        let problem = DeviceBatch::upload(&batch, None, &device);
+        let before = decode_steps_taken();
+        let decoded = model.decode(&problem, &DecodeOptions::greedy());
+        let [_, steps] = decoded.actions.dims();
+        assert!(steps >= 8);
+        assert!(decode_steps_taken() - before >= steps);
     }
 
     /// Both records give the same actions and log-likelihoods (sums of the same terms,

@@ -14,6 +14,7 @@ use crate::evaluate::mean;
 use crate::inference::{
     padded_batch, solve_batch, upload_batch, GraphSolver, Solved, Strategy, TrainedModel,
 };
+use crate::run::progress::instances_bar;
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
@@ -200,9 +201,14 @@ fn solve_all(
         by_n.entry(it.instance.n()).or_default().push(i);
     }
     let mut results = vec![None; items.len()];
+    let chunk_of = |n: usize| (args.max_rows / args.strategy.rows_per_instance(n)).max(1);
+    let all_batches = by_n
+        .iter()
+        .map(|(&n, idx)| idx.len().div_ceil(chunk_of(n)))
+        .sum();
+    let bar = instances_bar(items.len(), all_batches);
     for (n, idx) in by_n {
-        let rows_each = args.strategy.rows_per_instance(n);
-        let chunk = (args.max_rows / rows_each).max(1);
+        let chunk = chunk_of(n);
         let chunks = idx.len().div_ceil(chunk);
         for part in idx.chunks(chunk) {
             let instances: Vec<&Instance> = part.iter().map(|&i| &items[i].instance).collect();
@@ -225,8 +231,10 @@ fn solve_all(
             for (&i, s) in part.iter().zip(solved) {
                 results[i] = Some(s);
             }
+            bar.inc(part.len() as u64);
         }
     }
+    bar.finish_and_clear();
     let results = results
         .into_iter()
         .map(|r| r.expect("every instance solved"));
