@@ -1,7 +1,7 @@
 //! The models' math: the attention model and its encoder, the pointer network, the CVRP
 //! state, and the decode loop they share. Backend-independent: where a fused operation
-//! runs is decided once per decode ([`route::DecodeRoute`]) from what the device can do
-//! (`crate::runtime::device`).
+//! runs is decided once per decode (`attention_model::DecodeRoute`) from what the device
+//! can do (`crate::runtime::device`).
 
 pub mod attention_model;
 pub mod decode;
@@ -9,7 +9,6 @@ pub mod encoder;
 pub mod pointer_network;
 pub mod problem;
 pub mod recorded_decode;
-pub(crate) mod route;
 pub mod routing_model;
 pub mod state;
 

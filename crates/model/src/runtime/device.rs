@@ -1,5 +1,5 @@
 //! What a device can do, asked once: the model decides its decode's route from it
-//! (`crate::model::route`), and the trainer asks [`DeviceTraits`] rather than which
+//! (`DecodeRoute` in `crate::model::attention_model`), and the trainer asks [`DeviceTraits`] rather than which
 //! backend or cargo feature is behind the device.
 
 use burn::tensor::Device;
