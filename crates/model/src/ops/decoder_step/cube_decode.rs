@@ -260,12 +260,8 @@ struct DecodeRecord<'a, F: Float, I: Int, M: Int> {
     seen_rows: &'a mut Tensor<I>,
 }
 
-/// Row `CUBE_POS_X`'s whole decode: the start state ([`start_row`]), then at each step
-/// what it meets recorded (where asked, [`record_seen`]), the query from the context
-/// ([`query_from_context`]), the step ([`step_row`]), the choice (`choose_in_cube`, noise
-/// column `first + t`), the state's step into the next set and the next set copied back
-/// ([`step_and_copy_back`]), with the action (and the chosen log-probability, where asked)
-/// recorded.
+/// Row `CUBE_POS_X`'s whole decode: the start state ([`start_row`]), then its steps
+/// ([`decode_steps`]).
 #[cube(launch, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn decode_kernel<F: Float, I: Int, M: Int>(
@@ -298,8 +294,7 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
     #[define(F, I, M)] _dtypes: [ElemType; 3],
 ) {
     let row = CUBE_POS_X as usize;
-    let (starts, nodes) = (query.shape(1), demands.shape(1));
-    let (first, steps) = (scalars.first as usize, scalars.steps as usize);
+    let (starts, first) = (query.shape(1), scalars.first as usize);
     let loads = Loads::new(demands, capacity, scalars.tolerance);
     let mut state = DecodeState::new(
         now_node,
@@ -324,50 +319,105 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
         &mut record,
         &mut flags,
     );
+    let context = StepContext::new(fixed_context, last_node_context, capacity_context);
+    let mut attention = Shared::new_slice(shape.heads * shape.padded_nodes);
+    let mut logits = Shared::new_slice(shape.padded_nodes);
+    let inputs = StepTensors::new(&context, by_feature, noise, &loads);
+    let scratch = DecodeScratch::new(&mut attention, &mut logits, &mut flags);
+    decode_steps(
+        row,
+        &inputs,
+        query,
+        log_p,
+        &mut state,
+        &mut record,
+        scratch,
+        scalars,
+        shape,
+    );
+}
 
+/// What every step of a row's decode reads: the context its query is made from, the keys
+/// by feature, the sampling noise and the loads.
+#[derive(CubeType)]
+struct StepTensors<'a, F: Float> {
+    context: &'a StepContext<'a, F>,
+    by_feature: &'a Tensor<F>,
+    noise: &'a Tensor<F>,
+    loads: &'a Loads<'a, F>,
+}
+
+/// A row's shared memory: the heads' attention `[H · Np]`, the logits `[Np]` and the
+/// choice's two flags.
+#[derive(CubeType)]
+struct DecodeScratch<'a> {
+    attention: &'a mut Shared<[f32]>,
+    logits: &'a mut Shared<[f32]>,
+    flags: &'a mut Shared<[f32]>,
+}
+
+/// Row `row`'s steps `first..first + steps` from its start: at each, what it meets
+/// recorded (where asked, [`record_seen`]), the query from the context
+/// ([`query_from_context`]), the step ([`step_row`]), the choice (`choose_in_cube`, noise
+/// column `first + t`), the state's step into the next set and the next set copied back
+/// ([`step_and_copy_back`]), with the action (and the chosen log-probability, where asked)
+/// recorded.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn decode_steps<F: Float, I: Int, M: Int>(
+    row: usize,
+    inputs: &StepTensors<F>,
+    query: &mut Tensor<F>,
+    log_p: &mut Tensor<F>,
+    state: &mut DecodeState<F, I, M>,
+    record: &mut DecodeRecord<F, I, M>,
+    scratch: DecodeScratch,
+    scalars: &DecodeScalars,
+    #[comptime] shape: StepShape,
+) {
+    let (starts, nodes) = (query.shape(1), inputs.loads.demands.shape(1));
+    let (first, steps) = (scalars.first as usize, scalars.steps as usize);
+    let noise = inputs.noise;
     let StepShape {
         heads,
         head_dim,
         padded_nodes,
     } = shape;
-    let context = StepContext::new(fixed_context, last_node_context, capacity_context);
-    let mut attention = Shared::new_slice(heads * padded_nodes);
-    let mut logits = Shared::new_slice(padded_nodes);
     for t in 0..steps {
         if scalars.record_seen == 1u32 {
-            record_seen(row, t, steps, starts, &state, &mut record);
+            record_seen(row, t, steps, starts, &*state, record);
         }
         let remaining = &*state.now.remaining;
         query_from_context(
-            &context,
+            inputs.context,
             remaining,
             &*state.now_node,
             query,
             heads * head_dim,
         );
-        let inputs = StepInputs::new(&*query, by_feature, &*state.now.mask);
+        let step_inputs = StepInputs::new(&*query, inputs.by_feature, &*state.now.mask);
         step_row(
-            &inputs,
+            &step_inputs,
             log_p,
-            &mut attention,
-            &mut logits,
+            scratch.attention,
+            scratch.logits,
             scalars.scale,
             shape,
         );
         sync_cube();
         let to = choose_in_cube(
-            &logits,
-            &mut attention,
+            &*scratch.logits,
+            scratch.attention,
             noise,
             row,
             nodes,
             scalars.sample,
             noise.shape(1),
             first + t,
-            &mut flags,
+            scratch.flags,
             heads * padded_nodes,
         );
-        step_and_copy_back(to, row, nodes, &loads, &mut state, &mut flags);
+        step_and_copy_back(to, row, nodes, inputs.loads, state, scratch.flags);
         if UNIT_POS_X == 0 {
             let to = state.next_node[row];
             record.actions[row * (first + steps) + first + t] = to;
@@ -377,6 +427,38 @@ fn decode_kernel<F: Float, I: Int, M: Int>(
             }
         }
         sync_cube();
+    }
+}
+
+#[cube]
+impl<'a, F: Float> StepTensors<'a, F> {
+    pub fn new(
+        context: &'a StepContext<'a, F>,
+        by_feature: &'a Tensor<F>,
+        noise: &'a Tensor<F>,
+        loads: &'a Loads<'a, F>,
+    ) -> Self {
+        StepTensors::<'a, F> {
+            context,
+            by_feature,
+            noise,
+            loads,
+        }
+    }
+}
+
+#[cube]
+impl<'a> DecodeScratch<'a> {
+    pub fn new(
+        attention: &'a mut Shared<[f32]>,
+        logits: &'a mut Shared<[f32]>,
+        flags: &'a mut Shared<[f32]>,
+    ) -> Self {
+        DecodeScratch::<'a> {
+            attention,
+            logits,
+            flags,
+        }
     }
 }
 
