@@ -69,6 +69,13 @@ impl StepTensors {
         let rows = self.dims.instances * self.dims.starts;
         (tensor(log_probs, [rows, self.dims.nodes]), saved)
     }
+
+    /// Log-probabilities `[R, N]` alone: a step no backward pass will read.
+    fn log_probs(&self) -> FlexTensor {
+        let log_probs = flex_kernel::log_probs(self.dims, self.scale, &self.inputs());
+        let rows = self.dims.instances * self.dims.starts;
+        tensor(log_probs, [rows, self.dims.nodes])
+    }
 }
 
 fn dims3(t: &FlexTensor) -> [usize; 3] {
@@ -89,9 +96,7 @@ impl DecoderStepBackend for Flex {
     ) -> FloatTensor<Self> {
         let scale = Scale::new(tanh_clipping, temperature);
         let inputs = [query, glimpse_keys, glimpse_values, logit_keys];
-        StepTensors::new(inputs, [by_feature, mask], scale)
-            .forward()
-            .0
+        StepTensors::new(inputs, [by_feature, mask], scale).log_probs()
     }
 }
 
@@ -170,7 +175,7 @@ impl<C: CheckpointStrategy> DecoderStepBackend for Autodiff<Flex, C> {
                 let (log_probs, saved) = step.forward();
                 prep.finish((step, log_probs.clone(), saved), log_probs)
             }
-            OpsKind::UnTracked(prep) => prep.finish(step.forward().0),
+            OpsKind::UnTracked(prep) => prep.finish(step.log_probs()),
         }
     }
 }

@@ -79,8 +79,10 @@ pub(crate) struct Inputs<'a> {
 /// What the forward pass computes, kept for the backward pass.
 #[derive(Debug, Clone)]
 pub(crate) struct Saved {
-    /// `[R, H, N]` each head's attention weights (0 at masked nodes).
-    pub(crate) attention: Vec<f32>,
+    /// `[R, H, N]` each head's attention weights (0 at masked nodes), where
+    /// [`keeps_attention`]; otherwise the backward pass recomputes them
+    /// ([`recomputed_attention`]).
+    pub(crate) attention: Option<Vec<f32>>,
     /// `[R, d]` the heads' concatenated outputs.
     pub(crate) glimpse: Vec<f32>,
     /// `[R, N]` tanh of the raw logits.
@@ -117,85 +119,209 @@ fn by_feature_block<'a>(x: &Inputs<'a>, dims: Dims, instance: usize) -> &'a [f32
 
 /// Log-probabilities `[R, N]` (−∞ at masked nodes) and what the backward pass needs.
 pub(crate) fn forward(dims: Dims, scale: Scale, x: &Inputs) -> (Vec<f32>, Saved) {
-    forward_with(dims, scale, x, forward_instance_dispatch)
+    let pieces = Pieces::for_threads(dims);
+    let (log_probs, saved) = forward_with(dims, scale, x, pieces, forward_piece_dispatch);
+    (log_probs, saved.expect("kept"))
 }
 
-/// One instance's forward pass: [`forward_instance`] in some form.
-type ForwardInstance = fn(Dims, Scale, (&Inputs, usize), RowsOut);
+/// Log-probabilities `[R, N]` alone, for a decode without gradients: nothing is kept
+/// (a multi-start CVRP1000 decode would otherwise write ~300 MB a step it never reads).
+pub(crate) fn log_probs(dims: Dims, scale: Scale, x: &Inputs) -> Vec<f32> {
+    let pieces = Pieces {
+        keep: false,
+        ..Pieces::for_threads(dims)
+    };
+    forward_with(dims, scale, x, pieces, forward_piece_dispatch).0
+}
 
-/// [`forward`] with each instance's rows in `instance_kernel` (the tests pick each form).
+/// How the forward pass splits its rows: pieces of at most `rows` rows of one instance,
+/// whether it keeps what the backward pass needs, and whether the attention weights are
+/// among it. Rows are independent in the forward pass, so the split changes no number; an
+/// instance's rows are split only when there are too few instances to keep every thread
+/// busy (one large instance's starts).
+#[derive(Debug, Clone, Copy)]
+struct Pieces {
+    rows: usize,
+    keep: bool,
+    keep_attention: bool,
+}
+
+impl Pieces {
+    fn for_threads(dims: Dims) -> Self {
+        let wanted = 4 * rayon::current_num_threads();
+        let per_instance = wanted.div_ceil(dims.instances.max(1));
+        let rows = dims
+            .starts
+            .div_ceil(per_instance)
+            .next_multiple_of(MAX_ROW_BLOCK);
+        Self {
+            rows,
+            keep: true,
+            keep_attention: keeps_attention(dims),
+        }
+    }
+}
+
+/// A decode's worth of attention weights the forward pass keeps at most: 512 MiB.
+const KEPT_ATTENTION_BYTES: usize = 512 << 20;
+
+/// Whether the forward pass keeps the attention weights for the backward pass: when a
+/// decode of about N steps would keep at most [`KEPT_ATTENTION_BYTES`] of them. They
+/// were two thirds of what a training decode kept (4.8 GB of a POMO CVRP100 step's
+/// peak); recomputed, they cost one of the forward pass's three products and its
+/// softmaxes again, ~8% of a step where keeping them is cheap (n = 20).
+fn keeps_attention(dims: Dims) -> bool {
+    let per_step = dims.rows() * dims.heads * dims.nodes;
+    per_step.saturating_mul(dims.nodes).saturating_mul(4) <= KEPT_ATTENTION_BYTES
+}
+
+/// One piece's forward pass: [`forward_piece`] in some form.
+type ForwardPiece = fn(Dims, Scale, (&Inputs, usize, usize), PieceOut);
+
+/// The forward pass with each piece of rows in `piece_kernel` (the tests pick each form
+/// and each split).
 fn forward_with(
     dims: Dims,
     scale: Scale,
     x: &Inputs,
-    instance_kernel: ForwardInstance,
-) -> (Vec<f32>, Saved) {
+    pieces: Pieces,
+    piece_kernel: ForwardPiece,
+) -> (Vec<f32>, Option<Saved>) {
     let (n, h, d, s) = (dims.nodes, dims.heads, dims.embed(), dims.starts);
-    let rows = dims.rows();
-    let mut log_probs = vec![0.0f32; rows * n];
-    let mut saved = Saved {
-        attention: vec![0.0; rows * h * n],
-        glimpse: vec![0.0; rows * d],
-        tanh: vec![0.0; rows * n],
-    };
-    let per_instance = log_probs
-        .par_chunks_mut(s * n)
-        .zip(saved.attention.par_chunks_mut(s * h * n))
-        .zip(saved.glimpse.par_chunks_mut(s * d))
-        .zip(saved.tanh.par_chunks_mut(s * n));
-    per_instance
-        .enumerate()
-        .for_each(|(i, (((log_probs, attention), glimpse), tanh))| {
-            let out = RowsOut {
-                log_probs,
-                attention,
-                glimpse,
-                tanh,
+    let mut log_probs = vec![0.0f32; dims.rows() * n];
+    let mut saved = pieces.keep.then(|| Saved {
+        attention: pieces
+            .keep_attention
+            .then(|| vec![0.0; dims.rows() * h * n]),
+        glimpse: vec![0.0; dims.rows() * d],
+        tanh: vec![0.0; dims.rows() * n],
+    });
+    // (instance, first row within it, outputs): cut in order, then run in parallel.
+    let mut units = Vec::new();
+    let kept_by_instance: Box<dyn Iterator<Item = Option<KeptOut<'_>>> + '_> = match saved.as_mut()
+    {
+        Some(k) => {
+            let glimpse = k.glimpse.chunks_mut(s * d);
+            let attention: Box<dyn Iterator<Item = Option<&mut [f32]>>> = match &mut k.attention {
+                Some(a) => Box::new(a.chunks_mut(s * h * n).map(Some)),
+                None => Box::new(std::iter::repeat_with(|| None)),
             };
-            instance_kernel(dims, scale, (x, i), out);
+            let kept = glimpse.zip(k.tanh.chunks_mut(s * n)).zip(attention);
+            Box::new(kept.map(|((g, t), a)| Some((g, t, a))))
+        }
+        None => Box::new(std::iter::repeat_with(|| None)),
+    };
+    let instances = log_probs.chunks_mut(s * n).zip(kept_by_instance);
+    for (i, (instance, kept)) in instances.enumerate() {
+        let mut kept = kept.map(|(glimpse, tanh, attention)| {
+            let glimpse = glimpse.chunks_mut(pieces.rows * d);
+            let attention = attention.map(|a| a.chunks_mut(pieces.rows * h * n));
+            (glimpse.zip(tanh.chunks_mut(pieces.rows * n)), attention)
         });
+        for (p, log_probs) in instance.chunks_mut(pieces.rows * n).enumerate() {
+            let kept = kept.as_mut().map(|(k, attention)| {
+                let (glimpse, tanh) = k.next().expect("one per piece");
+                let attention = attention.as_mut().map(|a| a.next().expect("one per piece"));
+                (glimpse, tanh, attention)
+            });
+            units.push((i, p * pieces.rows, PieceOut { log_probs, kept }));
+        }
+    }
+    units.into_par_iter().for_each(|(i, first, out)| {
+        piece_kernel(dims, scale, (x, i, first), out);
+    });
     (log_probs, saved)
 }
 
+/// A piece's kept outputs, each `[rows, ·]`: the glimpses, tanh of the logits, and the
+/// attention weights where they are kept.
+type KeptOut<'a> = (&'a mut [f32], &'a mut [f32], Option<&'a mut [f32]>);
+
+/// A piece's outputs, each `[rows, ·]`: the log-probabilities, and what the backward
+/// pass needs when it is kept.
+struct PieceOut<'a> {
+    log_probs: &'a mut [f32],
+    kept: Option<KeptOut<'a>>,
+}
+
 simd_dispatch! {
-    /// [`forward_instance`] in the best form the CPU allows.
-    fn forward_instance_dispatch => forward_instance(
+    /// [`forward_piece`] in the best form the CPU allows.
+    fn forward_piece_dispatch => forward_piece(
         dims: Dims,
         scale: Scale,
-        x: (&Inputs, usize),
-        out: RowsOut,
+        x: (&Inputs, usize, usize),
+        out: PieceOut,
     )
 }
 
-/// Instance `i`'s rows, in blocks of up to [`MulAdd::ROW_BLOCK`]: `out` holds its rows'
-/// outputs.
+/// A block's working memory: two `[MAX_ROW_BLOCK, Np]` lane blocks (the rows' lanes and
+/// which nodes each may choose), the rows' attention weights, and their glimpses and
+/// tanh when the piece does not keep them.
+struct BlockScratch {
+    lanes: Vec<f32>,
+    attention: Vec<f32>,
+    glimpse: Vec<f32>,
+    tanh: Vec<f32>,
+}
+
+impl BlockScratch {
+    fn new(dims: Dims, kept: bool) -> Self {
+        let (n, h, d) = (dims.nodes, dims.heads, dims.embed());
+        let unkept = |len: usize| vec![0.0; if kept { 0 } else { MAX_ROW_BLOCK * len }];
+        Self {
+            lanes: vec![0.0; 2 * MAX_ROW_BLOCK * padded(n)],
+            attention: vec![0.0; MAX_ROW_BLOCK * h * n],
+            glimpse: unkept(d),
+            tanh: unkept(n),
+        }
+    }
+}
+
+/// Rows `first..` of instance `i` (as many as `out` holds), in blocks of up to
+/// [`MulAdd::ROW_BLOCK`].
 #[inline(always)]
-fn forward_instance<M: MulAdd>(dims: Dims, scale: Scale, (x, i): (&Inputs, usize), out: RowsOut) {
-    let (n, h, d, s) = (dims.nodes, dims.heads, dims.embed(), dims.starts);
-    let block = i * n * d..(i + 1) * n * d;
-    let np = padded(n);
-    let (keys_t, rest) = by_feature_block(x, dims, i).split_at(d * np);
-    // Two [MAX_ROW_BLOCK, Np] blocks: the rows' lanes and which nodes each may choose.
-    let mut lanes = vec![0.0f32; 2 * MAX_ROW_BLOCK * np];
-    let instance = InstanceIn {
-        keys_t,
-        values: &x.glimpse_values[block],
-        logit_keys_t: &rest[..d * np],
-    };
+fn forward_piece<M: MulAdd>(
+    dims: Dims,
+    scale: Scale,
+    (x, i, first): (&Inputs, usize, usize),
+    mut out: PieceOut,
+) {
+    let (n, h, d) = (dims.nodes, dims.heads, dims.embed());
+    let rows = out.log_probs.len() / n;
+    let mut scratch = BlockScratch::new(dims, out.kept.is_some());
+    let instance = InstanceIn::of(x, dims, i);
     let mut row = 0;
-    while row < s {
-        let count = rows_in_block::<M>(s - row);
-        let (r, rows) = (i * s + row, row..row + count);
-        let rows_out = RowsOut {
-            log_probs: &mut out.log_probs[rows.start * n..rows.end * n],
-            attention: &mut out.attention[rows.start * h * n..rows.end * h * n],
-            glimpse: &mut out.glimpse[rows.start * d..rows.end * d],
-            tanh: &mut out.tanh[rows.start * n..rows.end * n],
+    while row < rows {
+        let count = rows_in_block::<M>(rows - row);
+        let (block, r) = (row..row + count, i * dims.starts + first + row);
+        let (glimpse, tanh, attention) = match &mut out.kept {
+            Some((glimpse, tanh, attention)) => (
+                &mut glimpse[block.start * d..block.end * d],
+                &mut tanh[block.start * n..block.end * n],
+                attention.as_deref_mut(),
+            ),
+            None => (
+                &mut scratch.glimpse[..count * d],
+                &mut scratch.tanh[..count * n],
+                None,
+            ),
         };
-        let query = &x.query[r * d..(r + count) * d];
-        let mask = &x.mask[r * n..(r + count) * n];
-        let x = (query, mask, &instance);
-        let lanes = &mut lanes;
+        let attention = match attention {
+            Some(kept) => &mut kept[block.start * h * n..block.end * h * n],
+            None => &mut scratch.attention[..count * h * n],
+        };
+        let rows_out = RowsOut {
+            log_probs: &mut out.log_probs[block.start * n..block.end * n],
+            attention,
+            glimpse,
+            tanh,
+        };
+        let x = (
+            &x.query[r * d..(r + count) * d],
+            &x.mask[r * n..(r + count) * n],
+            &instance,
+        );
+        let lanes = &mut scratch.lanes;
         match count {
             8 => forward_rows::<M, 8>(dims, scale, x, rows_out, lanes),
             4 => forward_rows::<M, 4>(dims, scale, x, rows_out, lanes),
@@ -216,6 +342,18 @@ struct InstanceIn<'a> {
     logit_keys_t: &'a [f32],
 }
 
+impl<'a> InstanceIn<'a> {
+    fn of(x: &Inputs<'a>, dims: Dims, i: usize) -> Self {
+        let (n, d) = (dims.nodes, dims.embed());
+        let (keys_t, rest) = by_feature_block(x, dims, i).split_at(d * padded(n));
+        Self {
+            keys_t,
+            values: &x.glimpse_values[i * n * d..(i + 1) * n * d],
+            logit_keys_t: &rest[..d * padded(n)],
+        }
+    }
+}
+
 /// Consecutive rows' queries `[rows, d]` and masks `[rows, N]`, and their instance.
 type RowsIn<'a> = (&'a [f32], &'a [u8], &'a InstanceIn<'a>);
 
@@ -225,6 +363,37 @@ struct RowsOut<'a> {
     attention: &'a mut [f32],
     glimpse: &'a mut [f32],
     tanh: &'a mut [f32],
+}
+
+/// `R` rows' attention weights `[R, H, N]` (0 at masked nodes): each head's softmax of
+/// the query against the keys of the nodes the row may choose. `lanes` is two
+/// `[MAX_ROW_BLOCK, Np]` blocks; the second is left holding which nodes each row may
+/// choose. The backward pass recomputes the weights with this function, so it gets the
+/// forward pass's bits.
+#[inline(always)]
+fn attention_rows<M: MulAdd, const R: usize>(
+    dims: Dims,
+    (query, mask, keys_t): (&[f32], &[u8], &[f32]),
+    lanes: &mut [f32],
+    attention: &mut [f32],
+) {
+    let (n, h, dk, d) = (dims.nodes, dims.heads, dims.head_dim, dims.embed());
+    let np = padded(n);
+    let (lanes, keep) = lanes.split_at_mut(MAX_ROW_BLOCK * np);
+    for r in 0..R {
+        let keep = &mut keep[r * np..(r + 1) * np];
+        for (k, &m) in keep.iter_mut().zip(&mask[r * n..(r + 1) * n]) {
+            *k = if m == 0 { 1.0 } else { 0.0 };
+        }
+        keep[n..].fill(0.0);
+    }
+    for head in 0..h {
+        let keys = &keys_t[head * dk * np..];
+        let lane_rows = RowsAt::contiguous(d, dk, np);
+        weighted_sums::<M, R>(&query[head * dk..], keys, (np, np), lane_rows, lanes);
+        let attention = &mut attention[head * n..];
+        masked_softmax_rows::<M, R>((lanes, keep), np, attention, (n, h * n));
+    }
 }
 
 /// `R` rows of one instance: the glimpse's products and the logits for all of them at
@@ -239,39 +408,26 @@ fn forward_rows<M: MulAdd, const R: usize>(
 ) {
     let (n, h, dk, d) = (dims.nodes, dims.heads, dims.head_dim, dims.embed());
     let np = padded(n);
-    let (lanes, keep) = lanes.split_at_mut(MAX_ROW_BLOCK * np);
-    for r in 0..R {
-        let keep = &mut keep[r * np..(r + 1) * np];
-        for (k, &m) in keep.iter_mut().zip(&mask[r * n..(r + 1) * n]) {
-            *k = if m == 0 { 1.0 } else { 0.0 };
-        }
-        keep[n..].fill(0.0);
-    }
-    let lane_rows = |count| RowsAt::contiguous(d, count, np);
-    // The glimpse: each head attends over the unmasked nodes. A row alone takes its
-    // heads' weighted values together, after every head's softmax: one head's sums are
-    // only dk / 8 vectors, each multiply-add waiting on the one before.
-    let heads_together = R == 1 && heads_fit(dk);
-    for head in 0..h {
-        let keys = &instance.keys_t[head * dk * np..];
-        weighted_sums::<M, R>(&query[head * dk..], keys, (np, np), lane_rows(dk), lanes);
-        let attention = &mut out.attention[head * n..];
-        masked_softmax_rows::<M, R>((lanes, keep), np, attention, (n, h * n));
-        if heads_together {
-            continue;
-        }
-        let by_attention = RowsAt::contiguous(h * n, n, d);
-        let values = &instance.values[head * dk..];
-        let attention = &out.attention[head * n..];
-        let glimpse = &mut out.glimpse[head * dk..];
-        weighted_sums::<M, R>(attention, values, (d, dk), by_attention, glimpse);
-    }
-    if heads_together {
+    attention_rows::<M, R>(dims, (query, mask, instance.keys_t), lanes, out.attention);
+    // The glimpse: each head's weighted values. A row alone takes its heads' together:
+    // one head's sums are only dk / 8 vectors, each multiply-add waiting on the one
+    // before.
+    if R == 1 && heads_fit(dk) {
         head_weighted_sums::<M>(out.attention, instance.values, (n, h, dk), out.glimpse);
+    } else {
+        for head in 0..h {
+            let by_attention = RowsAt::contiguous(h * n, n, d);
+            let values = &instance.values[head * dk..];
+            let attention = &out.attention[head * n..];
+            let glimpse = &mut out.glimpse[head * dk..];
+            weighted_sums::<M, R>(attention, values, (d, dk), by_attention, glimpse);
+        }
     }
     // Single-head logits, clipped, masked, log-softmax, over the padded lanes.
+    let (lanes, keep) = lanes.split_at_mut(MAX_ROW_BLOCK * np);
+    let lane_rows = RowsAt::contiguous(d, d, np);
     let logit_keys = instance.logit_keys_t;
-    weighted_sums::<M, R>(out.glimpse, logit_keys, (np, np), lane_rows(d), lanes);
+    weighted_sums::<M, R>(out.glimpse, logit_keys, (np, np), lane_rows, lanes);
     for r in 0..R {
         let row_lanes = &mut lanes[r * np..(r + 1) * np];
         let row_out = (
@@ -412,13 +568,21 @@ fn backward_instance<M: MulAdd>(
     let (x, saved) = (from.x, from.saved);
     let block = i * n * d..(i + 1) * n * d;
     let mut scratch = BackScratch::new(dims);
+    let recomputed;
+    let attention = match &saved.attention {
+        Some(kept) => &kept[i * s * h * n..(i + 1) * s * h * n],
+        None => {
+            recomputed = recomputed_attention::<M>(dims, x, i);
+            &recomputed[..]
+        }
+    };
     let instance = InstanceBack {
         values_t: &by_feature_block(x, dims, i)[2 * d * padded(n)..],
         keys: &x.glimpse_keys[block.clone()],
         logit_keys: &x.logit_keys[block],
         query: &x.query[i * s * d..(i + 1) * s * d],
         glimpse: &saved.glimpse[i * s * d..(i + 1) * s * d],
-        attention: &saved.attention[i * s * h * n..(i + 1) * s * h * n],
+        attention,
     };
     let mut row = 0;
     while row < s {
@@ -427,7 +591,7 @@ fn backward_instance<M: MulAdd>(
         let rows_saved = RowSaved {
             mask: &x.mask[r.start * n..r.end * n],
             log_probs: &from.log_probs[r.start * n..r.end * n],
-            attention: &saved.attention[r.start * h * n..r.end * h * n],
+            attention: &attention[row * h * n..(row + count) * h * n],
             tanh: &saved.tanh[r.start * n..r.end * n],
             grad_out: &from.grad_out[r.start * n..r.end * n],
         };
@@ -443,6 +607,39 @@ fn backward_instance<M: MulAdd>(
         row += count;
     }
     instance_grads::<M>(dims, &instance, &scratch, (dk, dv, dl));
+}
+
+/// Instance `i`'s attention weights `[S, H, N]`, recomputed as the forward pass computed
+/// them (the same function over the same blocks of rows, so the same bits), where the
+/// forward pass did not keep them ([`keeps_attention`]).
+#[inline(always)]
+fn recomputed_attention<M: MulAdd>(dims: Dims, x: &Inputs, i: usize) -> Vec<f32> {
+    let (n, h, d, s) = (dims.nodes, dims.heads, dims.embed(), dims.starts);
+    let keys_t = &by_feature_block(x, dims, i)[..d * padded(n)];
+    let mut attention = vec![0.0; s * h * n];
+    let mut lanes = vec![0.0; 2 * MAX_ROW_BLOCK * padded(n)];
+    let mut row = 0;
+    while row < s {
+        let count = rows_in_block::<M>(s - row);
+        let r = i * s + row;
+        let rows = (
+            &x.query[r * d..(r + count) * d],
+            &x.mask[r * n..(r + count) * n],
+            keys_t,
+        );
+        let (lanes, out) = (
+            &mut lanes,
+            &mut attention[row * h * n..(row + count) * h * n],
+        );
+        match count {
+            8 => attention_rows::<M, 8>(dims, rows, lanes, out),
+            4 => attention_rows::<M, 4>(dims, rows, lanes, out),
+            2 => attention_rows::<M, 2>(dims, rows, lanes, out),
+            _ => attention_rows::<M, 1>(dims, rows, lanes, out),
+        }
+        row += count;
+    }
+    attention
 }
 
 /// What a backward row reads of its instance.
@@ -742,9 +939,11 @@ mod tests {
 
         /// The forward and backward pass with each instance in the given kernels: the
         /// log-probabilities, then every saved value and gradient, in one list.
-        fn run(&self, kernels: (ForwardInstance, BackwardInstance)) -> NamedOutputs {
+        fn run(&self, kernels: (ForwardPiece, BackwardInstance)) -> NamedOutputs {
             let (dims, scale, x) = (self.dims, Scale::new(10.0, 1.0), self.inputs());
-            let (log_probs, saved) = forward_with(dims, scale, &x, kernels.0);
+            let pieces = Pieces::for_threads(dims);
+            let (log_probs, saved) = forward_with(dims, scale, &x, pieces, kernels.0);
+            let saved = saved.expect("kept");
             let from = BackIn {
                 x: &x,
                 log_probs: &log_probs,
@@ -753,7 +952,6 @@ mod tests {
             };
             let grads = backward_with(dims, scale, &from, kernels.1);
             vec![
-                ("attention", saved.attention),
                 ("glimpse", saved.glimpse),
                 ("tanh", saved.tanh),
                 ("log_probs", log_probs),
@@ -785,23 +983,151 @@ mod tests {
             let data = StepData::new(dims);
             assert_forms_agree(
                 &format!("{dims:?}"),
-                || data.run((forward_instance::<Plain>, backward_instance::<Plain>)),
-                || data.run((forward_instance::<Fused>, backward_instance::<Fused>)),
-                || data.run((forward_instance::<Wide>, backward_instance::<Wide>)),
+                || data.run((forward_piece::<Plain>, backward_instance::<Plain>)),
+                || data.run((forward_piece::<Fused>, backward_instance::<Fused>)),
+                || data.run((forward_piece::<Wide>, backward_instance::<Wide>)),
             );
+        }
+    }
+
+    /// The forward pass cut into pieces of 8, 16 or all of an instance's rows, kept or
+    /// not: the same log-probabilities and kept values, bit for bit, in each form.
+    #[test]
+    fn pieces_give_the_same_numbers() {
+        for (instances, starts, nodes) in [(1, 37, 21), (3, 20, 11), (2, 1, 5)] {
+            let dims = Dims {
+                instances,
+                starts,
+                nodes,
+                heads: 8,
+                head_dim: 16,
+            };
+            let data = StepData::new(dims);
+            let (scale, x) = (Scale::new(10.0, 1.0), data.inputs());
+            let whole = Pieces {
+                rows: starts.next_multiple_of(MAX_ROW_BLOCK),
+                keep: true,
+                keep_attention: true,
+            };
+            let kernels: [ForwardPiece; 3] = [
+                forward_piece::<Plain>,
+                forward_piece::<Fused>,
+                forward_piece::<Wide>,
+            ];
+            for kernel in kernels {
+                let (expected, kept) = forward_with(dims, scale, &x, whole, kernel);
+                let kept = kept.expect("kept");
+                for rows in [8, 16] {
+                    for (keep, keep_attention) in [(true, true), (true, false), (false, false)] {
+                        let pieces = Pieces {
+                            rows,
+                            keep,
+                            keep_attention,
+                        };
+                        let (log_probs, saved) = forward_with(dims, scale, &x, pieces, kernel);
+                        let same = |a: &[f32], b: &[f32]| {
+                            a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
+                        };
+                        assert!(same(&log_probs, &expected), "{dims:?} {pieces:?}");
+                        if let Some(saved) = saved {
+                            assert!(same(&saved.glimpse, &kept.glimpse), "{dims:?} {pieces:?}");
+                            assert!(same(&saved.tanh, &kept.tanh), "{dims:?} {pieces:?}");
+                            if let (Some(a), Some(b)) = (&saved.attention, &kept.attention) {
+                                assert!(same(a, b), "{dims:?} {pieces:?}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The backward pass recomputes the attention weights the forward pass kept, bit for
+    /// bit, in each form, and so gives the same gradients without them.
+    #[test]
+    fn recomputed_attention_is_the_kept_one() {
+        type Forms = (
+            ForwardPiece,
+            BackwardInstance,
+            fn(Dims, &Inputs, usize) -> Vec<f32>,
+        );
+        let forms: [Forms; 3] = [
+            (
+                forward_piece::<Plain>,
+                backward_instance::<Plain>,
+                recomputed_attention::<Plain>,
+            ),
+            (
+                forward_piece::<Fused>,
+                backward_instance::<Fused>,
+                recomputed_attention::<Fused>,
+            ),
+            (
+                forward_piece::<Wide>,
+                backward_instance::<Wide>,
+                recomputed_attention::<Wide>,
+            ),
+        ];
+        for (instances, starts, nodes) in [(3, 20, 21), (2, 7, 11), (3, 1, 21)] {
+            let dims = Dims {
+                instances,
+                starts,
+                nodes,
+                heads: 8,
+                head_dim: 16,
+            };
+            let data = StepData::new(dims);
+            let (scale, x) = (Scale::new(10.0, 1.0), data.inputs());
+            let pieces = Pieces {
+                rows: 8,
+                keep: true,
+                keep_attention: true,
+            };
+            let same = |a: &[f32], b: &[f32]| {
+                a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
+            };
+            for (forward, backward, recompute) in forms {
+                let (log_probs, saved) = forward_with(dims, scale, &x, pieces, forward);
+                let mut saved = saved.expect("kept");
+                let kept = saved.attention.clone().expect("attention kept");
+                let per_instance = starts * 8 * nodes;
+                for (i, kept) in kept.chunks(per_instance).enumerate() {
+                    assert!(
+                        same(&recompute(dims, &x, i), kept),
+                        "{dims:?}, instance {i}"
+                    );
+                }
+                let grads = |saved: &Saved| {
+                    let from = BackIn {
+                        x: &x,
+                        log_probs: &log_probs,
+                        saved,
+                        grad_out: &data.grad_out,
+                    };
+                    let g = backward_with(dims, scale, &from, backward);
+                    [g.query, g.glimpse_keys, g.glimpse_values, g.logit_keys]
+                };
+                let with_kept = grads(&saved);
+                saved.attention = None;
+                for (a, b) in with_kept.iter().zip(grads(&saved)) {
+                    assert!(same(a, &b), "{dims:?}");
+                }
+            }
         }
     }
 
     /// One POMO-sized step (64 instances × 20 starts, 21 nodes, d = 128, 8 heads), forward
     /// and backward, for counting instructions:
     /// `RAYON_NUM_THREADS=1 valgrind --tool=callgrind TEST_BINARY --ignored pomo_sized_step`.
+    /// `ROUTEBURN_STEP_SIZE=N` makes it CVRP`N`'s (N starts, N + 1 nodes).
     #[test]
     #[ignore = "a profiling harness, not a check"]
     fn pomo_sized_step() {
+        let customers = std::env::var("ROUTEBURN_STEP_SIZE").map_or(20, |n| n.parse().unwrap());
         let dims = Dims {
             instances: 64,
-            starts: 20,
-            nodes: 21,
+            starts: customers,
+            nodes: customers + 1,
             heads: 8,
             head_dim: 16,
         };

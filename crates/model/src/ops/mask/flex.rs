@@ -34,7 +34,9 @@ fn mask_row(
 ) {
     let mut any_customer_feasible = false;
     for ((out, &demand), &visited) in out.iter_mut().zip(demands).zip(visited).skip(1) {
-        let masked = visited != 0 || demand + used > limit;
+        // `|`, not `||`: without a branch on `visited` (as unpredictable as the tours
+        // are) the loop vectorises; a CVRP100 POMO step spent ~5% of its time here.
+        let masked = (visited != 0) | (demand + used > limit);
         *out = u8::from(masked);
         any_customer_feasible |= !masked;
     }
