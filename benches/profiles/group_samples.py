@@ -7,19 +7,19 @@ no frame of which matches counts as routeburn's other frames if any frame names 
 Usage:
 
     perf script -i perf.data -F comm,tid,ip,sym > perf.txt
-    python3 benches/profiles/group_samples.py perf.txt
+    python3 benches/profiles/group_samples.py perf.txt [--without-validation]
 """
 import sys
 from collections import Counter
 
 GROUPS = [
-    ("linear layers' products", ["linear::kernel"]),
+    ("linear layers' products", ["linear::kernel", "ops::linear::"]),
     ("decoder step kernel, backward",
      ["decoder_step::flex_kernel::backward", "decoder_step::flex_kernel::instance_grads"]),
     ("decoder step kernel, forward", ["decoder_step::flex_kernel::forward"]),
     ("encoder attention, forward and backward", ["self_attention::"]),
-    ("instance norm", ["normalization::"]),
-    ("the mask", ["mask_kernel"]),
+    ("instance norm", ["normalization::", "ops::norm::"]),
+    ("the mask", ["mask_kernel", "ops::mask::"]),
     ("sampling (`sample_inverse_cdf`)", ["sample_inverse_cdf"]),
     ("checkpoints and metrics", ["run::checkpoint", "run::metrics"]),
     ("`CvrpState::step` and the rest of the state", ["CvrpState::"]),
@@ -29,9 +29,14 @@ GROUPS = [
     ("the encoder's other operations", ["encoder::"]),
     ("summing the shards' gradients", ["ModuleGradsAccumulator"]),
     ("optimiser (Adam, weight decay, clipping)",
-     ["burn_optim::optim::adam", "weight_decay", "grad_clipping", "GradientClipping"]),
+     ["burn_optim::optim::adam", "weight_decay", "grad_clipping", "GradientClipping",
+      "trainer::adam::"]),
     ("Burn's backward of the other operations", ["AutodiffServer::execute_steps"]),
 ]
+# A sample with any of these frames is validation's (a decode without gradients), counted
+# apart: `--without-validation` leaves them out of the shares. The decoder step's forward
+# without gradients is `flex_kernel::log_probs`.
+VALIDATION = ["flex_kernel::log_probs", "evaluate::validated_costs", "evaluate::decode_costs"]
 # Tried only when no frame of the sample matches GROUPS: inlined frames name their
 # generic arguments (`weighted_rows_block<routeburn_model::row_kernels::Avx512Lanes, ..>`)
 # and would otherwise take the samples of the kernel they are inlined into.
@@ -64,9 +69,16 @@ def group_of(frames):
 
 
 def main():
-    counts = Counter(group_of(s) for s in samples(sys.argv[1]))
+    without_validation = "--without-validation" in sys.argv[2:]
+    counts, validation = Counter(), 0
+    for frames in samples(sys.argv[1]):
+        if without_validation and any(k in f for f in frames for k in VALIDATION):
+            validation += 1
+            continue
+        counts[group_of(frames)] += 1
     total = sum(counts.values())
-    print(f"{total} samples\n\n| where | share |\n|---|---|")
+    left_out = f", {validation} of validation left out" if without_validation else ""
+    print(f"{total} samples{left_out}\n\n| where | share |\n|---|---|")
     for name, c in counts.most_common():
         print(f"| {name} | {100 * c / total:.1f}% |")
 
