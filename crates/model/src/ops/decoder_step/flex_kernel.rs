@@ -926,6 +926,17 @@ mod tests {
             }
         }
 
+        /// Instances of `starts` rows over `nodes` nodes, d = 128 in 8 heads.
+        fn of_size(instances: usize, starts: usize, nodes: usize) -> Self {
+            Self::new(Dims {
+                instances,
+                starts,
+                nodes,
+                heads: 8,
+                head_dim: 16,
+            })
+        }
+
         fn inputs(&self) -> Inputs<'_> {
             Inputs {
                 query: &self.query,
@@ -973,14 +984,8 @@ mod tests {
         for (instances, starts, nodes) in
             [(3, 20, 21), (2, 7, 11), (3, 1, 21), (2, 15, 16), (2, 3, 5)]
         {
-            let dims = Dims {
-                instances,
-                starts,
-                nodes,
-                heads: 8,
-                head_dim: 16,
-            };
-            let data = StepData::new(dims);
+            let data = StepData::of_size(instances, starts, nodes);
+            let dims = data.dims;
             assert_forms_agree(
                 &format!("{dims:?}"),
                 || data.run((forward_piece::<Plain>, backward_instance::<Plain>)),
@@ -990,19 +995,18 @@ mod tests {
         }
     }
 
+    /// Whether two lists hold the same floats, bit for bit.
+    fn same(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
+    }
+
     /// The forward pass cut into pieces of 8, 16 or all of an instance's rows, kept or
     /// not: the same log-probabilities and kept values, bit for bit, in each form.
     #[test]
     fn pieces_give_the_same_numbers() {
         for (instances, starts, nodes) in [(1, 37, 21), (3, 20, 11), (2, 1, 5)] {
-            let dims = Dims {
-                instances,
-                starts,
-                nodes,
-                heads: 8,
-                head_dim: 16,
-            };
-            let data = StepData::new(dims);
+            let data = StepData::of_size(instances, starts, nodes);
+            let dims = data.dims;
             let (scale, x) = (Scale::new(10.0, 1.0), data.inputs());
             let whole = Pieces {
                 rows: starts.next_multiple_of(MAX_ROW_BLOCK),
@@ -1025,9 +1029,6 @@ mod tests {
                             keep_attention,
                         };
                         let (log_probs, saved) = forward_with(dims, scale, &x, pieces, kernel);
-                        let same = |a: &[f32], b: &[f32]| {
-                            a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
-                        };
                         assert!(same(&log_probs, &expected), "{dims:?} {pieces:?}");
                         if let Some(saved) = saved {
                             assert!(same(&saved.glimpse, &kept.glimpse), "{dims:?} {pieces:?}");
@@ -1069,22 +1070,13 @@ mod tests {
             ),
         ];
         for (instances, starts, nodes) in [(3, 20, 21), (2, 7, 11), (3, 1, 21)] {
-            let dims = Dims {
-                instances,
-                starts,
-                nodes,
-                heads: 8,
-                head_dim: 16,
-            };
-            let data = StepData::new(dims);
+            let data = StepData::of_size(instances, starts, nodes);
+            let dims = data.dims;
             let (scale, x) = (Scale::new(10.0, 1.0), data.inputs());
             let pieces = Pieces {
                 rows: 8,
                 keep: true,
                 keep_attention: true,
-            };
-            let same = |a: &[f32], b: &[f32]| {
-                a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
             };
             for (forward, backward, recompute) in forms {
                 let (log_probs, saved) = forward_with(dims, scale, &x, pieces, forward);
