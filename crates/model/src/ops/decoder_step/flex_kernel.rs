@@ -197,34 +197,18 @@ fn forward_with(
         tanh: vec![0.0; dims.rows() * n],
     });
     // (instance, first row within it, outputs): cut in order, then run in parallel.
-    let mut units = Vec::new();
-    let kept_by_instance: Box<dyn Iterator<Item = Option<KeptOut<'_>>> + '_> = match saved.as_mut()
-    {
-        Some(k) => {
-            let glimpse = k.glimpse.chunks_mut(s * d);
-            let attention: Box<dyn Iterator<Item = Option<&mut [f32]>>> = match &mut k.attention {
-                Some(a) => Box::new(a.chunks_mut(s * h * n).map(Some)),
-                None => Box::new(std::iter::repeat_with(|| None)),
-            };
-            let kept = glimpse.zip(k.tanh.chunks_mut(s * n)).zip(attention);
-            Box::new(kept.map(|((g, t), a)| Some((g, t, a))))
-        }
-        None => Box::new(std::iter::repeat_with(|| None)),
+    let mut uncut = PieceOut {
+        log_probs: &mut log_probs,
+        kept: saved.as_mut().map(|k| {
+            let attention = k.attention.as_deref_mut();
+            (&mut k.glimpse[..], &mut k.tanh[..], attention)
+        }),
     };
-    let instances = log_probs.chunks_mut(s * n).zip(kept_by_instance);
-    for (i, (instance, kept)) in instances.enumerate() {
-        let mut kept = kept.map(|(glimpse, tanh, attention)| {
-            let glimpse = glimpse.chunks_mut(pieces.rows * d);
-            let attention = attention.map(|a| a.chunks_mut(pieces.rows * h * n));
-            (glimpse.zip(tanh.chunks_mut(pieces.rows * n)), attention)
-        });
-        for (p, log_probs) in instance.chunks_mut(pieces.rows * n).enumerate() {
-            let kept = kept.as_mut().map(|(k, attention)| {
-                let (glimpse, tanh) = k.next().expect("one per piece");
-                let attention = attention.as_mut().map(|a| a.next().expect("one per piece"));
-                (glimpse, tanh, attention)
-            });
-            units.push((i, p * pieces.rows, PieceOut { log_probs, kept }));
+    let mut units = Vec::new();
+    for i in 0..dims.instances {
+        for first in (0..s).step_by(pieces.rows) {
+            let rows = pieces.rows.min(s - first);
+            units.push((i, first, uncut.cut_front(rows, dims)));
         }
     }
     units.into_par_iter().for_each(|(i, first, out)| {
@@ -242,6 +226,31 @@ type KeptOut<'a> = (&'a mut [f32], &'a mut [f32], Option<&'a mut [f32]>);
 struct PieceOut<'a> {
     log_probs: &'a mut [f32],
     kept: Option<KeptOut<'a>>,
+}
+
+impl<'a> PieceOut<'a> {
+    /// The outputs of the first `rows` rows, cut off the front of these.
+    fn cut_front(&mut self, rows: usize, dims: Dims) -> PieceOut<'a> {
+        let (n, h, d) = (dims.nodes, dims.heads, dims.embed());
+        PieceOut {
+            log_probs: cut_front(&mut self.log_probs, rows * n),
+            kept: self.kept.as_mut().map(|(glimpse, tanh, attention)| {
+                let attention = attention.as_mut().map(|a| cut_front(a, rows * h * n));
+                (
+                    cut_front(glimpse, rows * d),
+                    cut_front(tanh, rows * n),
+                    attention,
+                )
+            }),
+        }
+    }
+}
+
+/// The first `len` values of `slice`, which keeps the rest.
+fn cut_front<'a>(slice: &mut &'a mut [f32], len: usize) -> &'a mut [f32] {
+    let (front, rest) = std::mem::take(slice).split_at_mut(len);
+    *slice = rest;
+    front
 }
 
 simd_dispatch! {
