@@ -20,7 +20,7 @@ GROUPS = [
     ("encoder attention, forward and backward", ["self_attention::"]),
     ("instance norm", ["normalization::", "ops::norm::"]),
     ("the mask", ["mask_kernel", "ops::mask::"]),
-    ("sampling (`sample_inverse_cdf`)", ["sample_inverse_cdf"]),
+    ("sampling (`sample_inverse_cdf`, `ops::sampling`)", ["sample_inverse_cdf", "ops::sampling::"]),
     ("checkpoints and metrics", ["run::checkpoint", "run::metrics"]),
     ("`CvrpState::step` and the rest of the state", ["CvrpState::"]),
     ("`Record` (log-probabilities and tours)", ["decode::Record"]),

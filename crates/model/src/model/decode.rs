@@ -6,6 +6,7 @@ use burn::tensor::{Device, Int, Tensor};
 
 use crate::model::problem::{max_decode_steps, DeviceBatch};
 use crate::model::state::{CvrpState, LoadArithmetic};
+use crate::ops::sampling;
 use crate::runtime::device::{in_rounds, runs_through_cubecl};
 
 /// Decode steps this process has taken, every decode and chunk together, for a progress
@@ -192,7 +193,7 @@ pub(crate) fn rollout(
             (None, None, Some(noise)) => {
                 let uniform = noise.clone().slice_dim(1, step..step + 1); // [R, 1]
                 let log_p = log_p.clone().without_autodiff();
-                step_to(&mut state, sample_inverse_cdf(log_p, uniform))
+                step_to(&mut state, sampling::sample(log_p, uniform))
             }
         }; // [R, 1]
         if options.log_likelihood {
@@ -432,23 +433,6 @@ pub(crate) fn repeat_rows<const D: usize>(t: Tensor<D>, times: usize) -> Tensor<
     t.select(0, rows)
 }
 
-/// Samples one node per row by inverting the cumulative distribution at a uniform from the
-/// batch's noise. Masked nodes have probability exactly 0 (exp(−∞)), so they occupy no
-/// interval of the CDF and can never be selected; deterministic for a given noise.
-///
-/// # Shapes
-/// - `log_p`: `[R, N]`, `uniform`: `[R, 1]` in (0, 1) → `[R, 1]`
-///
-/// On CubeCL devices the state kernel chooses instead (`CvrpState::choose_and_step`); this
-/// is the reference it is tested against.
-fn sample_inverse_cdf(log_p: Tensor<2>, uniform: Tensor<2>) -> Tensor<2, Int> {
-    let [r, n] = log_p.dims();
-    let cdf = log_p.exp().cumsum(1); // [R, N]
-    let total = cdf.clone().slice_dim(1, n - 1..n); // [R, 1]
-    let below = cdf.lower((uniform * total).expand([r, n])).int(); // [R, N]
-    below.sum_dim(1).clamp_max((n - 1) as i64) // [R, 1]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,22 +448,6 @@ mod tests {
             due(FinishChecks::Every { from: 23, every: 4 }),
             [23, 27, 31, 35, 39]
         );
-    }
-
-    /// Inverting the CDF by hand: row 0 has probabilities 0.5, 0 (masked), 0.25, 0.25, so
-    /// a uniform u picks the first node whose CDF reaches u: [0, 0.5] node 0, (0.5, 0.75]
-    /// node 2, (0.75, 1) node 3, never the masked node.
-    #[test]
-    fn sampling_picks_the_nodes_the_cdf_gives() {
-        let device = Backend::first_on_host().unwrap().device().unwrap();
-        let p = [0.5f32, 0.0, 0.25, 0.25];
-        let uniforms = [0.01f32, 0.49, 0.5, 0.6, 0.74, 0.76, 0.99];
-        let log_p: Vec<f32> = uniforms.iter().flat_map(|_| p.map(f32::ln)).collect();
-        let log_p = Tensor::<2>::from_data(TensorData::new(log_p, [7, 4]), &device);
-        let uniform = Tensor::<2>::from_data(TensorData::new(uniforms.to_vec(), [7, 1]), &device);
-        let picked = sample_inverse_cdf(log_p, uniform);
-        let picked: Vec<i64> = picked.into_data().iter::<i64>().collect();
-        assert_eq!(picked, [0, 0, 0, 2, 2, 3, 3]);
     }
 
     crate::runtime::testing::test_with_64_bit_offsets!(
@@ -532,7 +500,7 @@ mod tests {
                 let expected = match &noise {
                     Some(u) => {
                         let uniform = u.clone().slice_dim(1, step..step + 1);
-                        sample_inverse_cdf(log_p.clone(), uniform)
+                        crate::ops::sampling::op_by_op(log_p.clone(), uniform)
                     }
                     None => log_p.clone().argmax(1),
                 };

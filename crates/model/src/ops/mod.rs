@@ -12,6 +12,7 @@ pub(crate) mod node_embedding;
 pub(crate) mod norm;
 #[cfg(feature = "flex")]
 pub(crate) mod row_kernels;
+pub(crate) mod sampling;
 pub(crate) mod self_attention;
 pub(crate) mod state_step;
 
