@@ -6,47 +6,72 @@ use burn_flex::{FlexTensor, Layout};
 use super::SamplingBackend;
 use crate::ops::row_kernels::floats;
 
-/// One row's choice: the number of nodes whose CDF value lies below `uniform · total`
-/// (at most N − 1), as the op-by-op form counts them. `cdf` is the row's working memory,
-/// `[N]`, and `open` `[N]` node indices.
-///
-/// Its CDF is the op-by-op form's bit for bit: flex's `exp` is Rust's `f32::exp` (`expf`),
-/// and its `cumsum` adds from +0 in node order. A masked node's `exp(−∞)` is +0 and
-/// `x + 0 = x`, so only the open nodes' exponentials are taken, gathered first without a
-/// branch (which nodes are open is as unpredictable as the tours).
-fn inverse_cdf_row(log_p: &[f32], uniform: f32, (cdf, open): (&mut [f32], &mut [usize])) -> usize {
+/// Rows whose CDFs are summed together: one row's running sum is a chain of N dependent
+/// additions, and eight rows' chains are in flight at once.
+const ROW_BLOCK: usize = 8;
+
+/// One row's probabilities into `probs` (`[N]`): flex's `exp`, Rust's `f32::exp`
+/// (`expf`), of its open nodes alone, gathered first into `open` (`[N]`) without a branch
+/// (which nodes are open is as unpredictable as the tours); a masked node's `exp(−∞)` is
+/// +0, and +0 it is.
+fn probabilities(log_p: &[f32], probs: &mut [f32], open: &mut [usize]) {
     let mut count = 0;
     for (node, &lp) in log_p.iter().enumerate() {
         open[count] = node;
         count += usize::from(lp != f32::NEG_INFINITY);
     }
-    cdf.fill(0.0);
+    probs.fill(0.0);
     for &node in &open[..count] {
-        cdf[node] = log_p[node].exp();
+        probs[node] = log_p[node].exp();
     }
-    let mut total = 0.0f32;
-    for c in cdf.iter_mut() {
-        total += *c;
-        *c = total;
+}
+
+/// Up to [`ROW_BLOCK`] rows' choices: each the number of nodes whose CDF value lies below
+/// `uniform · total` (at most N − 1), as the op-by-op form counts them. `cdf` is the rows'
+/// working memory (`[rows, N]`), `open` `[N]`.
+///
+/// Each CDF is the op-by-op form's bit for bit: `cumsum` adds from +0 in node order, as
+/// here, and adding a masked node's +0 leaves a sum as it was.
+fn inverse_cdf_rows(
+    (log_p, uniforms): (&[f32], &[f32]),
+    (cdf, open): (&mut [f32], &mut [usize]),
+    picks: &mut [i64],
+) {
+    let n = open.len();
+    let mut rows: Vec<&mut [f32]> = cdf.chunks_exact_mut(n).take(uniforms.len()).collect();
+    for (row, log_p) in rows.iter_mut().zip(log_p.chunks_exact(n)) {
+        probabilities(log_p, row, open);
     }
-    let threshold = uniform * total;
-    let below = cdf
-        .iter()
-        .map(|&c| usize::from(c < threshold))
-        .sum::<usize>();
-    below.min(log_p.len() - 1)
+    let mut totals = [0.0f32; ROW_BLOCK];
+    for node in 0..n {
+        for (total, row) in totals.iter_mut().zip(rows.iter_mut()) {
+            *total += row[node];
+            row[node] = *total;
+        }
+    }
+    for (((pick, row), &total), &u) in picks.iter_mut().zip(&rows).zip(&totals).zip(uniforms) {
+        let threshold = u * total;
+        let below = row
+            .iter()
+            .map(|&c| usize::from(c < threshold))
+            .sum::<usize>();
+        *pick = below.min(n - 1) as i64;
+    }
 }
 
 impl SamplingBackend for Flex {
     fn inverse_cdf(log_p: FloatTensor<Self>, uniform: FloatTensor<Self>) -> IntTensor<Self> {
         let n = log_p.layout().shape()[1];
         let [log_p, uniform] = [log_p, uniform].map(|t| t.to_contiguous());
-        let (mut cdf, mut open) = (vec![0.0f32; n], vec![0usize; n]);
-        let picks: Vec<i64> = floats(&log_p)
-            .chunks_exact(n)
-            .zip(floats(&uniform))
-            .map(|(row, &u)| inverse_cdf_row(row, u, (&mut cdf, &mut open)) as i64)
-            .collect();
+        let (mut cdf, mut open) = (vec![0.0f32; ROW_BLOCK * n], vec![0usize; n]);
+        let uniforms = floats(&uniform);
+        let mut picks = vec![0i64; uniforms.len()];
+        let blocks = floats(&log_p)
+            .chunks(ROW_BLOCK * n)
+            .zip(uniforms.chunks(ROW_BLOCK));
+        for ((log_p, uniforms), picks) in blocks.zip(picks.chunks_mut(ROW_BLOCK)) {
+            inverse_cdf_rows((log_p, uniforms), (&mut cdf, &mut open), picks);
+        }
         let layout = Layout::contiguous([picks.len(), 1].into());
         FlexTensor::new(Bytes::from_elems(picks), layout, DType::I64)
     }
