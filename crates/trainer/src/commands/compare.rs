@@ -239,10 +239,10 @@ const VALIDATION_SIZE: usize = 64;
 /// The rollout baseline's end-of-epoch t-test and the validation then run after every
 /// step, outside its timing, so the t-test's set is cut to one batch and the validation
 /// to [`VALIDATION_SIZE`] generated instances (the default 1,000, decoded multi-start at
-/// CVRP100, took ~50 s after each step on 2 cores); the learning rate is held constant. Every backend runs the same
-/// number of shards (the config's, else 1): batch norm normalises each shard by its own
-/// statistics, so the CPU backends' default (one shard a core) would train differently
-/// from CubeCL's one shard before any arithmetic differed.
+/// CVRP100, took ~50 s after each step on 2 cores); the learning rate is held constant.
+/// Every backend runs the same number of shards (the config's, else 1): batch norm
+/// normalises each shard by its own statistics, so the CPU backends' default (one shard a
+/// core) would train differently from CubeCL's one shard before any arithmetic differed.
 fn per_step_config(mut config: Config, steps: usize) -> Config {
     let t = &mut config.training;
     t.shards = Some(t.shards.unwrap_or(1));
