@@ -4,9 +4,9 @@
 //! Composed from Burn's tensor operations it is nine operations at every step (`exp`,
 //! `cumsum`, `lower`, a cast and a sum over `[R, N]`, each writing its own result; a slice,
 //! a product, an `expand` and a clamp), and flex's `exp` calls `expf` for every node,
-//! masked ones included: in all 6.8% of a POMO CVRP100 step. The fused form calls the same `expf` on the open
-//! nodes alone (a masked node's `exp(−∞)` is +0, and adding +0 changes no sum) and sums in
-//! the same order, so it picks the same node, bit for bit the same CDF.
+//! masked ones included: in all 6.8% of a POMO CVRP100 step. The fused form calls the same
+//! `expf` on the open nodes alone (a masked node's `exp(−∞)` is +0, and adding +0 changes
+//! no sum) and sums in the same order, so it picks the same node, bit for bit the same CDF.
 //!
 //! Only flex has it; elsewhere the op-by-op form ([`op_by_op`]) runs, which the tests
 //! compare against. CubeCL devices choose inside their state kernel
