@@ -21,6 +21,11 @@
 //! share every key vector loaded and keep 12 (AVX2) or 16 (AVX-512). Each output is still
 //! summed in the same order, so the block size changes no number. The forms are picked
 //! per instance ([`simd_dispatch`]).
+//!
+//! Rows with one node open (finished tours, forced returns to the depot) are left out of
+//! both passes: their outputs are known exactly ([`forced`]).
+
+mod forced;
 
 use rayon::prelude::*;
 
@@ -212,7 +217,7 @@ fn forward_with(
         }
     }
     units.into_par_iter().for_each(|(i, first, out)| {
-        piece_kernel(dims, scale, (x, i, first), out);
+        forced::forward_unit(dims, scale, (x, i, first), out, piece_kernel);
     });
     (log_probs, saved)
 }
@@ -537,7 +542,7 @@ fn backward_with(
     per_instance
         .enumerate()
         .for_each(|(i, (((dq, dk), dv), dl))| {
-            instance_kernel(dims, scale, (from, i), (dq, dk, dv, dl));
+            forced::backward_unit(dims, scale, (from, i), (dq, dk, dv, dl), instance_kernel);
         });
     grads
 }
@@ -891,15 +896,15 @@ mod tests {
 
     /// A step's inputs and output gradient, fixed pseudo-random values; every third node
     /// of the flattened `[R, N]` mask is masked.
-    struct StepData {
-        dims: Dims,
+    pub(super) struct StepData {
+        pub(super) dims: Dims,
         query: Vec<f32>,
         keys: Vec<f32>,
         values: Vec<f32>,
         logit_keys: Vec<f32>,
         by_feature: Vec<f32>,
-        mask: Vec<u8>,
-        grad_out: Vec<f32>,
+        pub(super) mask: Vec<u8>,
+        pub(super) grad_out: Vec<f32>,
     }
 
     impl StepData {
@@ -936,7 +941,7 @@ mod tests {
         }
 
         /// Instances of `starts` rows over `nodes` nodes, d = 128 in 8 heads.
-        fn of_size(instances: usize, starts: usize, nodes: usize) -> Self {
+        pub(super) fn of_size(instances: usize, starts: usize, nodes: usize) -> Self {
             Self::new(Dims {
                 instances,
                 starts,
@@ -946,7 +951,7 @@ mod tests {
             })
         }
 
-        fn inputs(&self) -> Inputs<'_> {
+        pub(super) fn inputs(&self) -> Inputs<'_> {
             Inputs {
                 query: &self.query,
                 glimpse_keys: &self.keys,
@@ -1005,7 +1010,7 @@ mod tests {
     }
 
     /// Whether two lists hold the same floats, bit for bit.
-    fn same(a: &[f32], b: &[f32]) -> bool {
+    pub(super) fn same(a: &[f32], b: &[f32]) -> bool {
         a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
     }
 
