@@ -962,11 +962,13 @@ mod tests {
             }
         }
 
-        /// The forward and backward pass with each instance in the given kernels: the
-        /// log-probabilities, then every saved value and gradient, in one list.
-        fn run(&self, kernels: (ForwardPiece, BackwardInstance)) -> NamedOutputs {
+        /// The forward pass cut in `pieces`, then the backward pass, in the given kernels.
+        pub(super) fn passes(
+            &self,
+            pieces: Pieces,
+            kernels: (ForwardPiece, BackwardInstance),
+        ) -> (Vec<f32>, Saved, Grads) {
             let (dims, scale, x) = (self.dims, Scale::new(10.0, 1.0), self.inputs());
-            let pieces = Pieces::for_threads(dims);
             let (log_probs, saved) = forward_with(dims, scale, &x, pieces, kernels.0);
             let saved = saved.expect("kept");
             let from = BackIn {
@@ -976,6 +978,14 @@ mod tests {
                 grad_out: &self.grad_out,
             };
             let grads = backward_with(dims, scale, &from, kernels.1);
+            (log_probs, saved, grads)
+        }
+
+        /// The forward and backward pass with each instance in the given kernels: the
+        /// log-probabilities, then every saved value and gradient, in one list.
+        fn run(&self, kernels: (ForwardPiece, BackwardInstance)) -> NamedOutputs {
+            let pieces = Pieces::for_threads(self.dims);
+            let (log_probs, saved, grads) = self.passes(pieces, kernels);
             vec![
                 ("glimpse", saved.glimpse),
                 ("tanh", saved.tanh),

@@ -195,8 +195,8 @@ pub(super) fn backward_unit(
 mod tests {
     use super::super::tests::{same, StepData};
     use super::super::{
-        backward_instance, backward_instance_dispatch, backward_with, forward_piece,
-        forward_piece_dispatch, forward_with, Grads, Pieces,
+        backward_instance, backward_instance_dispatch, forward_piece, forward_piece_dispatch,
+        forward_with, Grads, Pieces,
     };
     use super::*;
     use crate::ops::row_kernels::Plain;
@@ -315,15 +315,7 @@ mod tests {
                         keep: true,
                         keep_attention,
                     };
-                    let (log_probs, saved) = forward_with(dims, scale, &x, pieces, kernels.0);
-                    let saved = saved.expect("kept");
-                    let from = BackIn {
-                        x: &x,
-                        log_probs: &log_probs,
-                        saved: &saved,
-                        grad_out: &data.grad_out,
-                    };
-                    let got = backward_with(dims, scale, &from, kernels.1);
+                    let (log_probs, _, got) = data.passes(pieces, kernels);
                     let case = format!("{dims:?} {pieces:?}");
                     assert!(same(&log_probs, &want_log_probs), "log-probs, {case}");
                     assert!(same(&got.query, &want.query), "d_query, {case}");
