@@ -86,7 +86,7 @@ pub(crate) struct Inputs<'a> {
 pub(crate) struct Saved {
     /// `[R, H, N]` each head's attention weights (0 at masked nodes), where
     /// [`keeps_attention`]; otherwise the backward pass recomputes them
-    /// ([`recomputed_attention`]).
+    /// ([`recompute_attention`]).
     pub(crate) attention: Option<Vec<f32>>,
     /// `[R, d]` the heads' concatenated outputs.
     pub(crate) glimpse: Vec<f32>,
@@ -517,7 +517,7 @@ pub(crate) fn backward(
 }
 
 /// One instance's backward pass: [`backward_instance`] in some form.
-type BackwardInstance = fn(Dims, Scale, (&BackIn, usize), InstanceGradsOut);
+type BackwardInstance = fn(Dims, Scale, (&BackIn, usize), InstanceGradsOut, &mut BackBuffers);
 
 /// [`backward`] with each instance in `instance_kernel` (the tests pick each form).
 fn backward_with(
@@ -539,11 +539,13 @@ fn backward_with(
         .zip(grads.glimpse_keys.par_chunks_mut(n * d))
         .zip(grads.glimpse_values.par_chunks_mut(n * d))
         .zip(grads.logit_keys.par_chunks_mut(n * d));
-    per_instance
-        .enumerate()
-        .for_each(|(i, (((dq, dk), dv), dl))| {
-            forced::backward_unit(dims, scale, (from, i), (dq, dk, dv, dl), instance_kernel);
-        });
+    per_instance.enumerate().for_each_init(
+        BackBuffers::default,
+        |buffers, (i, (((dq, dk), dv), dl))| {
+            let kernel = (instance_kernel, buffers);
+            forced::backward_unit(dims, scale, (from, i), (dq, dk, dv, dl), kernel);
+        },
+    );
     grads
 }
 
@@ -566,6 +568,7 @@ simd_dispatch! {
         scale: Scale,
         from: (&BackIn, usize),
         out: InstanceGradsOut,
+        buffers: &mut BackBuffers,
     )
 }
 
@@ -577,16 +580,21 @@ fn backward_instance<M: MulAdd>(
     scale: Scale,
     (from, i): (&BackIn, usize),
     (dq, dk, dv, dl): InstanceGradsOut,
+    buffers: &mut BackBuffers,
 ) {
     let (n, d, s, h) = (dims.nodes, dims.embed(), dims.starts, dims.heads);
     let (x, saved) = (from.x, from.saved);
     let block = i * n * d..(i + 1) * n * d;
-    let mut scratch = BackScratch::new(dims);
-    let recomputed;
+    let BackBuffers {
+        scratch,
+        attention: recomputed,
+        attention_lanes,
+    } = buffers;
+    scratch.fit(dims);
     let attention = match &saved.attention {
         Some(kept) => &kept[i * s * h * n..(i + 1) * s * h * n],
         None => {
-            recomputed = recomputed_attention::<M>(dims, x, i);
+            recompute_attention::<M>(dims, x, i, (recomputed, attention_lanes));
             &recomputed[..]
         }
     };
@@ -611,7 +619,7 @@ fn backward_instance<M: MulAdd>(
         };
         let query = &mut dq[row * d..(row + count) * d];
         let rows = (row, &rows_saved, &instance);
-        let scratch = &mut scratch;
+        let scratch = &mut *scratch;
         match count {
             8 => backward_rows::<M, 8>(dims, scale, rows, query, scratch),
             4 => backward_rows::<M, 4>(dims, scale, rows, query, scratch),
@@ -620,18 +628,27 @@ fn backward_instance<M: MulAdd>(
         }
         row += count;
     }
-    instance_grads::<M>(dims, &instance, &scratch, (dk, dv, dl));
+    instance_grads::<M>(dims, &instance, scratch, (dk, dv, dl));
 }
 
-/// Instance `i`'s attention weights `[S, H, N]`, recomputed as the forward pass computed
-/// them (the same function over the same blocks of rows, so the same bits), where the
-/// forward pass did not keep them ([`keeps_attention`]).
+/// Instance `i`'s attention weights `[S, H, N]` into `attention`, recomputed as the
+/// forward pass computed them (the same function over the same blocks of rows, so the same
+/// bits), where the forward pass did not keep them ([`keeps_attention`]); `lanes` is the
+/// working memory.
 #[inline(always)]
-fn recomputed_attention<M: MulAdd>(dims: Dims, x: &Inputs, i: usize) -> Vec<f32> {
+fn recompute_attention<M: MulAdd>(
+    dims: Dims,
+    x: &Inputs,
+    i: usize,
+    (attention, lanes): (&mut Vec<f32>, &mut Vec<f32>),
+) {
     let (n, h, d, s) = (dims.nodes, dims.heads, dims.embed(), dims.starts);
     let keys_t = &by_feature_block(x, dims, i)[..d * padded(n)];
-    let mut attention = vec![0.0; s * h * n];
-    let mut lanes = vec![0.0; 2 * MAX_ROW_BLOCK * padded(n)];
+    // Every weight is written before it is read: only the growth is zeroed.
+    attention.resize(s * h * n, 0.0);
+    lanes.resize(2 * MAX_ROW_BLOCK * padded(n), 0.0);
+    #[cfg(test)]
+    poison(&mut [attention, lanes]);
     let mut row = 0;
     while row < s {
         let count = rows_in_block::<M>(s - row);
@@ -642,7 +659,7 @@ fn recomputed_attention<M: MulAdd>(dims: Dims, x: &Inputs, i: usize) -> Vec<f32>
             keys_t,
         );
         let (lanes, out) = (
-            &mut lanes,
+            &mut lanes[..],
             &mut attention[row * h * n..(row + count) * h * n],
         );
         match count {
@@ -653,7 +670,6 @@ fn recomputed_attention<M: MulAdd>(dims: Dims, x: &Inputs, i: usize) -> Vec<f32>
         }
         row += count;
     }
-    attention
 }
 
 /// What a backward row reads of its instance.
@@ -672,7 +688,20 @@ struct InstanceBack<'a> {
     attention: &'a [f32],
 }
 
+/// A thread's working memory in the backward pass, kept from one instance to the next:
+/// allocated and zeroed for each instance, it was ~0.7 MB of writes nothing read at
+/// CVRP100 (an instance-step's compatibility gradients and recomputed attention weights).
+#[derive(Default)]
+pub(super) struct BackBuffers {
+    scratch: BackScratch,
+    /// `[S, H, N]` the recomputed attention weights, where they are not kept.
+    attention: Vec<f32>,
+    /// Two `[MAX_ROW_BLOCK, Np]` lane blocks for their recomputation.
+    attention_lanes: Vec<f32>,
+}
+
 /// An instance's working memory in the backward pass.
+#[derive(Default)]
 struct BackScratch {
     /// `[MAX_ROW_BLOCK, Np]` the block's rows' attention gradients for one head.
     lanes: Vec<f32>,
@@ -687,16 +716,33 @@ struct BackScratch {
 }
 
 impl BackScratch {
-    fn new(dims: Dims) -> Self {
+    /// Sized for an instance of `dims`. Every value is written before it is read (by its
+    /// row, or its row block's product), so only the growth is zeroed.
+    fn fit(&mut self, dims: Dims) {
         let (n, d, s, h) = (dims.nodes, dims.embed(), dims.starts, dims.heads);
         let np = padded(n);
-        Self {
-            lanes: vec![0.0; MAX_ROW_BLOCK * np],
-            probs: vec![0.0; np],
-            d_glimpse: vec![0.0; s * d],
-            d_logits: vec![0.0; s * n],
-            d_compat: vec![0.0; s * h * n],
-        }
+        self.lanes.resize(MAX_ROW_BLOCK * np, 0.0);
+        self.probs.resize(np, 0.0);
+        self.d_glimpse.resize(s * d, 0.0);
+        self.d_logits.resize(s * n, 0.0);
+        self.d_compat.resize(s * h * n, 0.0);
+        #[cfg(test)]
+        poison(&mut [
+            &mut self.lanes,
+            &mut self.probs,
+            &mut self.d_glimpse,
+            &mut self.d_logits,
+            &mut self.d_compat,
+        ]);
+    }
+}
+
+/// Working memory filled with NaN before use in the tests, so that a value read before it
+/// is written shows in every result.
+#[cfg(test)]
+fn poison(buffers: &mut [&mut Vec<f32>]) {
+    for buffer in buffers {
+        buffer.fill(f32::NAN);
     }
 }
 
@@ -755,15 +801,15 @@ fn backward_rows<M: MulAdd, const R: usize>(
         let dg = &d_glimpse[first * d + head * dk..];
         let values = &instance.values_t[head * dk * np..];
         weighted_sums::<M, R>(dg, values, (np, np), from_glimpse, lanes);
+        let attention: [&[f32]; R] =
+            std::array::from_fn(|r| &x.attention[(r * h + head) * n..][..n]);
+        let weighted = attention_weighted::<R>(attention, lanes, np);
         for r in 0..R {
-            let attention = &x.attention[(r * h + head) * n..][..n];
             let da = &lanes[r * np..][..n];
-            // Σ a·da, in node order.
-            let weighted = (attention.iter().zip(da)).fold(0.0, |w, (&a, &da)| w + a * da);
             // d_compat = a·(da − Σ a·da).
             let row_compat = &mut d_compat[((first + r) * h + head) * n..][..n];
-            for ((c, &a), &da) in row_compat.iter_mut().zip(attention).zip(da) {
-                *c = a * (da - weighted);
+            for ((c, &a), &da) in row_compat.iter_mut().zip(attention[r]).zip(da) {
+                *c = a * (da - weighted[r]);
             }
         }
         // The rows' query gradients (only this head writes these lanes): one product
@@ -779,6 +825,27 @@ fn backward_rows<M: MulAdd, const R: usize>(
             &mut d_query[head * dk..],
         );
     }
+}
+
+/// Each of `R` rows' `Σ a·da` over its nodes, in node order: `attention` its weights
+/// `[N]`, `lanes` its attention gradients (row r's at `r · np`). One row's sum is a chain
+/// of N dependent additions; the `R` chains advance together, a node at a time, so each
+/// waits on the others rather than on its own last addition (the same sums, bit for bit).
+#[inline(always)]
+fn attention_weighted<const R: usize>(
+    attention: [&[f32]; R],
+    lanes: &[f32],
+    np: usize,
+) -> [f32; R] {
+    let n = attention[0].len();
+    let da: [&[f32]; R] = std::array::from_fn(|r| &lanes[r * np..][..n]);
+    let mut weighted = [0.0f32; R];
+    for node in 0..n {
+        for r in 0..R {
+            weighted[r] += attention[r][node] * da[r][node];
+        }
+    }
+    weighted
 }
 
 /// One row's logit gradients, in its row of `d_logits`: `(row within the instance, row
@@ -1074,23 +1141,23 @@ mod tests {
         type Forms = (
             ForwardPiece,
             BackwardInstance,
-            fn(Dims, &Inputs, usize) -> Vec<f32>,
+            fn(Dims, &Inputs, usize, (&mut Vec<f32>, &mut Vec<f32>)),
         );
         let forms: [Forms; 3] = [
             (
                 forward_piece::<Plain>,
                 backward_instance::<Plain>,
-                recomputed_attention::<Plain>,
+                recompute_attention::<Plain>,
             ),
             (
                 forward_piece::<Fused>,
                 backward_instance::<Fused>,
-                recomputed_attention::<Fused>,
+                recompute_attention::<Fused>,
             ),
             (
                 forward_piece::<Wide>,
                 backward_instance::<Wide>,
-                recomputed_attention::<Wide>,
+                recompute_attention::<Wide>,
             ),
         ];
         for (instances, starts, nodes) in [(3, 20, 21), (2, 7, 11), (3, 1, 21)] {
@@ -1107,11 +1174,11 @@ mod tests {
                 let mut saved = saved.expect("kept");
                 let kept = saved.attention.clone().expect("attention kept");
                 let per_instance = starts * 8 * nodes;
+                // Reused from one instance to the next, as the backward pass does.
+                let (mut attention, mut lanes) = (Vec::new(), Vec::new());
                 for (i, kept) in kept.chunks(per_instance).enumerate() {
-                    assert!(
-                        same(&recompute(dims, &x, i), kept),
-                        "{dims:?}, instance {i}"
-                    );
+                    recompute(dims, &x, i, (&mut attention, &mut lanes));
+                    assert!(same(&attention, kept), "{dims:?}, instance {i}");
                 }
                 let grads = |saved: &Saved| {
                     let from = BackIn {

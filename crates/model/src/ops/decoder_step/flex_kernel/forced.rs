@@ -13,8 +13,8 @@
 //! log-probability is −∞) would break the last step, and is not one a decode makes.
 
 use super::{
-    by_feature_block, BackIn, BackwardInstance, Dims, ForwardPiece, Inputs, InstanceGradsOut,
-    PieceOut, Saved, Scale,
+    by_feature_block, BackBuffers, BackIn, BackwardInstance, Dims, ForwardPiece, Inputs,
+    InstanceGradsOut, PieceOut, Saved, Scale,
 };
 
 /// The node a row must choose, where its mask leaves exactly one open.
@@ -149,13 +149,13 @@ pub(super) fn backward_unit(
     scale: Scale,
     (from, i): (&BackIn, usize),
     out: InstanceGradsOut,
-    kernel: BackwardInstance,
+    (kernel, buffers): (BackwardInstance, &mut BackBuffers),
 ) {
     let (n, h, d, s) = (dims.nodes, dims.heads, dims.embed(), dims.starts);
     let at = i * s;
     let forced = forced_choices(&from.x.mask[at * n..(at + s) * n], n);
     if forced.iter().all(Option::is_none) {
-        kernel(dims, scale, (from, i), out);
+        kernel(dims, scale, (from, i), out, buffers);
         return;
     }
     let gathered = Gathered::new(from.x, dims, at, &forced);
@@ -187,6 +187,7 @@ pub(super) fn backward_unit(
         scale,
         (&gathered_from, 0),
         gathered_out,
+        buffers,
     );
     gathered.scatter(&gathered_query, d, d_query);
 }
@@ -283,7 +284,7 @@ mod tests {
                 &mut grads.glimpse_values[i * n * d..][..n * d],
                 &mut grads.logit_keys[i * n * d..][..n * d],
             );
-            backward(dims, scale, (&from, i), out);
+            backward(dims, scale, (&from, i), out, &mut BackBuffers::default());
         }
         (log_probs, grads)
     }
