@@ -688,9 +688,10 @@ struct InstanceBack<'a> {
     attention: &'a [f32],
 }
 
-/// A thread's working memory in the backward pass, kept from one instance to the next:
-/// allocated and zeroed for each instance, it was ~0.7 MB of writes nothing read at
-/// CVRP100 (an instance-step's compatibility gradients and recomputed attention weights).
+/// The backward pass's working memory, kept from one instance to the next by each of
+/// rayon's jobs (`for_each_init`): allocated and zeroed for each instance, it was ~0.7 MB
+/// of writes nothing read at CVRP100 (an instance-step's compatibility gradients and
+/// recomputed attention weights).
 #[derive(Default)]
 pub(super) struct BackBuffers {
     scratch: BackScratch,
