@@ -392,9 +392,9 @@ mod tests {
     /// Rows walking random routes, each step to a node that the op-by-op mask allows:
     /// integer demands against small capacities, so that exact fits, customers too heavy
     /// for the load, depot returns with customers left and finished rows all occur. At
-    /// every step the fused mask equals the op-by-op one.
-    fn assert_fused_mask_matches(device: &Device, arithmetic: LoadArithmetic) {
-        let (rows, n) = (48, 9);
+    /// every step the fused mask equals the op-by-op one. Rows of `n` nodes.
+    fn assert_fused_mask_matches(device: &Device, arithmetic: LoadArithmetic, n: usize) {
+        let rows = 48;
         let mut x = 0x2545_f491_4f6c_dd1d_u64;
         let mut next = move |bound: u64| {
             x ^= x << 13;
@@ -462,8 +462,13 @@ mod tests {
             return;
         };
         for device in [flex.clone(), flex.autodiff()] {
-            for arithmetic in [LoadArithmetic::Exact, LoadArithmetic::Float32] {
-                assert_fused_mask_matches(&device, arithmetic);
+            // 8 customers, and 36: vectors of 16 with some left over.
+            for (arithmetic, n) in [
+                (LoadArithmetic::Exact, 9),
+                (LoadArithmetic::Float32, 9),
+                (LoadArithmetic::Exact, 37),
+            ] {
+                assert_fused_mask_matches(&device, arithmetic, n);
             }
         }
     }
@@ -480,7 +485,7 @@ mod tests {
         };
         let _alone = one_cube_test_at_a_time();
         for arithmetic in [LoadArithmetic::Exact, LoadArithmetic::Float32] {
-            assert_fused_mask_matches(&device, arithmetic);
+            assert_fused_mask_matches(&device, arithmetic, 9);
         }
     }
 }
