@@ -62,6 +62,8 @@ simd_dispatch! {
     fn mask_rows_dispatch => mask_rows(x: &MaskIn, out: &mut [u8])
 }
 
+/// Row by row, [`mask_row`]. `M` is unused: what the dispatch gives is the loop compiled
+/// with the CPU's vector width (its target features), which LLVM then vectorises.
 #[inline(always)]
 fn mask_rows<M: MulAdd>(x: &MaskIn, out: &mut [u8]) {
     let n = x.nodes;
