@@ -47,13 +47,14 @@ fn mask_row(
     depot[0] = u8::from(at_depot && open != 0);
 }
 
-/// Every row's mask `[R, N]`: `demands` and `visited` `[R, N]`, `used` and `limits` `[R]`.
+/// Every row's mask `[R, N]`: `demands` and `visited` `[R, N]`, `used` and `capacity` `[R]`.
 struct MaskIn<'a> {
     nodes: usize,
     demands: &'a [f32],
     visited: &'a [u8],
     used: &'a [f32],
-    limits: &'a [f32],
+    capacity: &'a [f32],
+    tolerance: f32,
     at_depot: &'a [bool],
 }
 
@@ -71,7 +72,7 @@ fn mask_rows<M: MulAdd>(x: &MaskIn, out: &mut [u8]) {
         .zip(x.demands.chunks_exact(n))
         .zip(x.visited.chunks_exact(n));
     for (r, ((out, demands), visited)) in rows.enumerate() {
-        let limit = (x.used[r], x.limits[r]);
+        let limit = (x.used[r], x.capacity[r] + x.tolerance);
         mask_row(demands, limit, visited, x.at_depot[r], out);
     }
 }
@@ -93,13 +94,13 @@ impl MaskBackend for Flex {
         let bool_dtype = visited.dtype();
         let used = floats(&used);
         let (start, end) = visited.layout().contiguous_offsets().expect("contiguous");
-        let limits: Vec<f32> = floats(&capacity).iter().map(|c| c + tolerance).collect();
         let x = MaskIn {
             nodes: n,
             demands: floats(&demands),
             visited: &visited.storage::<u8>()[start..end],
             used,
-            limits: &limits,
+            capacity: floats(&capacity),
+            tolerance,
             at_depot: &at_depot(&last_node),
         };
         let mut out = vec![0u8; shape.num_elements()];
