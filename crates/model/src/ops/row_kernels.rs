@@ -31,6 +31,24 @@ pub(crate) trait MulAdd {
     /// One chunk of [`kept_max`]: `max[i]` becomes `values[i]` where `keep[i]` is
     /// non-zero and `values[i] > max[i]`.
     fn kept_max8(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]);
+    /// [`kept_exp_sum`]: `values[i] = e^(values[i] − max) · keep[i]` in whole 8-lane
+    /// chunks; returns their sum.
+    #[inline(always)]
+    fn kept_exp_sum(values: &mut [f32], max: f32, keep: &[f32]) -> f32 {
+        let mut sums = [0.0f32; 8];
+        for (v, k) in values.chunks_exact_mut(8).zip(keep.chunks_exact(8)) {
+            let v: &mut [f32; 8] = v.try_into().expect("8 lanes");
+            for lane in v.iter_mut() {
+                *lane -= max;
+            }
+            Self::exp8(v);
+            for lane in 0..8 {
+                v[lane] *= k[lane];
+                sums[lane] += v[lane];
+            }
+        }
+        sums.iter().sum()
+    }
 }
 
 pub(crate) struct Fused;
@@ -85,6 +103,17 @@ impl MulAdd for Fused {
         #[cfg(not(target_arch = "x86_64"))]
         Plain::kept_max8(values, keep, max)
     }
+
+    #[inline(always)]
+    fn kept_exp_sum(values: &mut [f32], max: f32, keep: &[f32]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as for `exp8`.
+        unsafe {
+            kept_exp_sum_avx2(values, max, keep)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Plain::kept_exp_sum(values, max, keep)
+    }
 }
 
 impl MulAdd for Wide {
@@ -114,6 +143,11 @@ impl MulAdd for Wide {
     #[inline(always)]
     fn kept_max8(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]) {
         Fused::kept_max8(values, keep, max)
+    }
+
+    #[inline(always)]
+    fn kept_exp_sum(values: &mut [f32], max: f32, keep: &[f32]) -> f32 {
+        Fused::kept_exp_sum(values, max, keep)
     }
 }
 
@@ -789,6 +823,31 @@ fn kept_max8_avx2(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]) {
     unsafe { _mm256_storeu_ps(max.as_mut_ptr(), _mm256_max_ps(candidate, m)) };
 }
 
+/// [`MulAdd::kept_exp_sum`] in AVX2 registers, the same operations lane by lane. Written
+/// out because LLVM compiled the generic form's products and sums lane by lane through
+/// memory in some callers (a third of the forward kernel's time), depending on what was
+/// inlined around it.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn kept_exp_sum_avx2(values: &mut [f32], max: f32, keep: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let mut sums = _mm256_setzero_ps();
+    for (v, k) in values.chunks_exact_mut(8).zip(keep.chunks_exact(8)) {
+        // SAFETY: each load and store touches exactly one 8-float chunk.
+        unsafe {
+            let shifted = _mm256_sub_ps(_mm256_loadu_ps(v.as_ptr()), _mm256_set1_ps(max));
+            let kept = _mm256_mul_ps(exp_avx2(shifted), _mm256_loadu_ps(k.as_ptr()));
+            _mm256_storeu_ps(v.as_mut_ptr(), kept);
+            sums = _mm256_add_ps(sums, kept);
+        }
+    }
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: as above.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sums) };
+    lanes.iter().sum()
+}
+
 /// [`exp_lane`] on eight lanes in AVX2 registers, with fused multiply-adds (LLVM keeps the
 /// scalar form's lanes apart: it was ~13 instructions an element).
 #[cfg(target_arch = "x86_64")]
@@ -796,8 +855,16 @@ fn kept_max8_avx2(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]) {
 #[inline]
 fn exp8_avx2(x: &mut [f32; 8]) {
     use std::arch::x86_64::*;
-    // SAFETY: the loads and stores touch exactly `x`'s eight floats.
-    let v = unsafe { _mm256_loadu_ps(x.as_ptr()) };
+    // SAFETY: the load and the store touch exactly `x`'s eight floats.
+    unsafe { _mm256_storeu_ps(x.as_mut_ptr(), exp_avx2(_mm256_loadu_ps(x.as_ptr()))) };
+}
+
+/// [`exp8_avx2`] on a register.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn exp_avx2(v: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
     // max(lo, v) and min(hi, ·) return their second operand when it is NaN: NaN stays.
     let v = _mm256_min_ps(
         _mm256_set1_ps(88.0),
@@ -813,10 +880,9 @@ fn exp8_avx2(x: &mut [f32; 8]) {
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
     }
     let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(k_int, _mm256_set1_epi32(127)));
-    let out = _mm256_mul_ps(p, _mm256_castsi256_ps(pow2));
-    // SAFETY: as above.
-    unsafe { _mm256_storeu_ps(x.as_mut_ptr(), out) };
+    _mm256_mul_ps(p, _mm256_castsi256_ps(pow2))
 }
+
 /// [`exp_lane`] on eight lanes in AVX2 registers, each product and sum rounded apart as
 /// the scalar form rounds them, so every lane gets its bits (NaN stays NaN, as through
 /// `clamp`).
@@ -867,19 +933,7 @@ pub(crate) fn kept_max<M: MulAdd>(values: &[f32], keep: &[f32]) -> f32 {
 /// `values[i] = e^(values[i] − max) · keep[i]` in whole 8-lane chunks; returns their sum.
 #[inline(always)]
 pub(crate) fn kept_exp_sum<M: MulAdd>(values: &mut [f32], max: f32, keep: &[f32]) -> f32 {
-    let mut sums = [0.0f32; 8];
-    for (v, k) in values.chunks_exact_mut(8).zip(keep.chunks_exact(8)) {
-        let v: &mut [f32; 8] = v.try_into().expect("8 lanes");
-        for lane in v.iter_mut() {
-            *lane -= max;
-        }
-        M::exp8(v);
-        for lane in 0..8 {
-            v[lane] *= k[lane];
-            sums[lane] += v[lane];
-        }
-    }
-    sums.iter().sum()
+    M::kept_exp_sum(values, max, keep)
 }
 
 /// Masked softmax in place over padded lanes (`keep`: 1 at nodes that may be chosen, 0 at
@@ -1050,6 +1104,7 @@ pub(crate) fn assert_forms_agree(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::pseudo_random;
 
     /// The polynomial exponential against libm's, where it is used (softmax arguments are
     /// at most 0) and beyond.
@@ -1222,6 +1277,42 @@ mod tests {
     }
 
     /// The eight-lane exponential with its products and sums rounded apart gives
+    /// The AVX2 `kept_exp_sum` gives the bits of the generic form, its operations taken
+    /// one at a time (a subtraction, [`exp8_avx2`], a product, a sum), kept and masked
+    /// lanes alike.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn avx2_kept_exp_sum_gives_the_generic_forms_bits() {
+        if !has_avx2_fma() {
+            eprintln!("skipped: this CPU has no AVX2 and FMA");
+            return;
+        }
+        /// The trait's generic form, with [`Fused`]'s exponential.
+        struct Generic;
+        impl MulAdd for Generic {
+            type Sum8 = PlainLanes<8>;
+            type Sum16 = PlainLanes<16>;
+            fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+                Fused::mul_add(a, b, c)
+            }
+            fn exp8(x: &mut [f32; 8]) {
+                Fused::exp8(x)
+            }
+            fn kept_max8(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]) {
+                Plain::kept_max8(values, keep, max)
+            }
+        }
+        let values = pseudo_random(8 * 64, 11, 20.0);
+        let keep: Vec<f32> = (0..8 * 64).map(|i| f32::from(i % 3 != 1)).collect();
+        let (mut got, mut want) = (values.clone(), values);
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        let got_sum = unsafe { kept_exp_sum_avx2(&mut got, 3.25, &keep) };
+        let want_sum = Generic::kept_exp_sum(&mut want, 3.25, &keep);
+        assert_eq!(got_sum.to_bits(), want_sum.to_bits());
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want));
+    }
+
     /// [`exp_lane`]'s bits, across the range and at its edges.
     #[test]
     #[cfg(target_arch = "x86_64")]

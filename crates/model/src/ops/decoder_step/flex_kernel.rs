@@ -181,7 +181,7 @@ fn keeps_attention(dims: Dims) -> bool {
 }
 
 /// One piece's forward pass: [`forward_piece`] in some form.
-type ForwardPiece = fn(Dims, Scale, (&Inputs, usize, usize), PieceOut);
+type ForwardPiece = fn(Dims, Scale, (&Inputs, usize, usize), PieceOut, &[usize]);
 
 /// The forward pass with each piece of rows in `piece_kernel` (the tests pick each form
 /// and each split).
@@ -265,84 +265,190 @@ simd_dispatch! {
         scale: Scale,
         x: (&Inputs, usize, usize),
         out: PieceOut,
+        live: &[usize],
     )
 }
 
 /// A block's working memory: two `[MAX_ROW_BLOCK, Np]` lane blocks (the rows' lanes and
-/// which nodes each may choose), the rows' attention weights, and their glimpses and
-/// tanh when the piece does not keep them.
+/// which nodes each may choose), and its rows' inputs and outputs where they are not read
+/// and written in place: the outputs a piece does not keep, and those of a block whose
+/// rows are not consecutive (forced rows between them).
 struct BlockScratch {
     lanes: Vec<f32>,
+    /// `[MAX_ROW_BLOCK, d]` queries and `[MAX_ROW_BLOCK, N]` masks, gathered.
+    query: Vec<f32>,
+    mask: Vec<u8>,
+    outputs: BlockOut,
+}
+
+/// One block's outputs, each `[MAX_ROW_BLOCK, ·]`.
+struct BlockOut {
+    log_probs: Vec<f32>,
     attention: Vec<f32>,
     glimpse: Vec<f32>,
     tanh: Vec<f32>,
 }
 
 impl BlockScratch {
-    fn new(dims: Dims, kept: bool) -> Self {
+    fn new(dims: Dims) -> Self {
         let (n, h, d) = (dims.nodes, dims.heads, dims.embed());
-        let unkept = |len: usize| vec![0.0; if kept { 0 } else { MAX_ROW_BLOCK * len }];
+        let rows = |len: usize| vec![0.0; MAX_ROW_BLOCK * len];
         Self {
             lanes: vec![0.0; 2 * MAX_ROW_BLOCK * padded(n)],
-            attention: vec![0.0; MAX_ROW_BLOCK * h * n],
-            glimpse: unkept(d),
-            tanh: unkept(n),
+            query: rows(d),
+            mask: vec![0; MAX_ROW_BLOCK * n],
+            outputs: BlockOut {
+                log_probs: rows(n),
+                attention: rows(h * n),
+                glimpse: rows(d),
+                tanh: rows(n),
+            },
         }
     }
 }
 
-/// Rows `first..` of instance `i` (as many as `out` holds), in blocks of up to
-/// [`MulAdd::ROW_BLOCK`].
+impl BlockOut {
+    /// The outputs of a block of `count` rows.
+    fn front(&mut self, count: usize, dims: Dims) -> RowsOut<'_> {
+        let (n, h, d) = (dims.nodes, dims.heads, dims.embed());
+        RowsOut {
+            log_probs: &mut self.log_probs[..count * n],
+            attention: &mut self.attention[..count * h * n],
+            glimpse: &mut self.glimpse[..count * d],
+            tanh: &mut self.tanh[..count * n],
+        }
+    }
+}
+
+/// The piece's rows `live` (ascending, within the piece; the others are left as `out`
+/// has them) of instance `i`, from its row `first`, in blocks of up to
+/// [`MulAdd::ROW_BLOCK`]. A block of consecutive rows is read and written in place; any
+/// other is gathered into the block's working memory and its outputs written back.
 #[inline(always)]
 fn forward_piece<M: MulAdd>(
     dims: Dims,
     scale: Scale,
     (x, i, first): (&Inputs, usize, usize),
     mut out: PieceOut,
+    live: &[usize],
 ) {
-    let (n, h, d) = (dims.nodes, dims.heads, dims.embed());
-    let rows = out.log_probs.len() / n;
-    let mut scratch = BlockScratch::new(dims, out.kept.is_some());
+    let (n, d) = (dims.nodes, dims.embed());
+    let mut scratch = BlockScratch::new(dims);
     let instance = InstanceIn::of(x, dims, i);
-    let mut row = 0;
-    while row < rows {
-        let count = rows_in_block::<M>(rows - row);
-        let (block, r) = (row..row + count, i * dims.starts + first + row);
-        let (glimpse, tanh, attention) = match &mut out.kept {
-            Some((glimpse, tanh, attention)) => (
-                &mut glimpse[block.start * d..block.end * d],
-                &mut tanh[block.start * n..block.end * n],
-                attention.as_deref_mut(),
-            ),
-            None => (
-                &mut scratch.glimpse[..count * d],
-                &mut scratch.tanh[..count * n],
-                None,
-            ),
+    let at = i * dims.starts + first;
+    let mut k = 0;
+    while k < live.len() {
+        let count = rows_in_block::<M>(live.len() - k);
+        let rows = &live[k..k + count];
+        k += count;
+        let BlockScratch {
+            lanes,
+            query,
+            mask,
+            outputs,
+        } = &mut scratch;
+        let in_place = consecutive(rows);
+        let (query, mask, rows_out) = match in_place {
+            Some(start) => {
+                let r = at + start;
+                let rows_out = out.in_place(start..start + count, dims, outputs);
+                (&x.query[r * d..], &x.mask[r * n..], rows_out)
+            }
+            None => {
+                gather_rows(x.query, d, at, rows, query);
+                gather_rows(x.mask, n, at, rows, mask);
+                (&query[..], &mask[..], outputs.front(count, dims))
+            }
         };
-        let attention = match attention {
-            Some(kept) => &mut kept[block.start * h * n..block.end * h * n],
-            None => &mut scratch.attention[..count * h * n],
-        };
-        let rows_out = RowsOut {
-            log_probs: &mut out.log_probs[block.start * n..block.end * n],
-            attention,
-            glimpse,
-            tanh,
-        };
-        let x = (
-            &x.query[r * d..(r + count) * d],
-            &x.mask[r * n..(r + count) * n],
-            &instance,
-        );
-        let lanes = &mut scratch.lanes;
+        let x = (&query[..count * d], &mask[..count * n], &instance);
         match count {
             8 => forward_rows::<M, 8>(dims, scale, x, rows_out, lanes),
             4 => forward_rows::<M, 4>(dims, scale, x, rows_out, lanes),
             2 => forward_rows::<M, 2>(dims, scale, x, rows_out, lanes),
             _ => forward_rows::<M, 1>(dims, scale, x, rows_out, lanes),
         }
-        row += count;
+        if in_place.is_none() {
+            out.write_back(rows, dims, outputs);
+        }
+    }
+}
+
+/// `rows` (ascending) as `first..first + len` when they are consecutive.
+fn consecutive(rows: &[usize]) -> Option<usize> {
+    let (&first, &last) = (rows.first()?, rows.last()?);
+    (last - first + 1 == rows.len()).then_some(first)
+}
+
+/// Rows `at + r` (r in `rows`) of a `[R, width]` table into the front of `into`.
+fn gather_rows<T: Copy>(table: &[T], width: usize, at: usize, rows: &[usize], into: &mut [T]) {
+    for (j, &r) in rows.iter().enumerate() {
+        into[j * width..][..width].copy_from_slice(&table[(at + r) * width..][..width]);
+    }
+}
+
+impl PieceOut<'_> {
+    /// The same outputs, borrowed for a shorter while.
+    fn reborrow(&mut self) -> PieceOut<'_> {
+        PieceOut {
+            log_probs: self.log_probs,
+            kept: (self.kept.as_mut()).map(|(glimpse, tanh, attention)| {
+                (&mut **glimpse, &mut **tanh, attention.as_deref_mut())
+            }),
+        }
+    }
+
+    /// The outputs of the piece's rows `rows`, in place; what the piece does not keep,
+    /// in `block`.
+    fn in_place<'s>(
+        &'s mut self,
+        rows: std::ops::Range<usize>,
+        dims: Dims,
+        block: &'s mut BlockOut,
+    ) -> RowsOut<'s> {
+        let (n, h, d, count) = (dims.nodes, dims.heads, dims.embed(), rows.len());
+        let (glimpse, tanh, attention) = match &mut self.kept {
+            Some((glimpse, tanh, attention)) => (
+                &mut glimpse[rows.start * d..rows.end * d],
+                &mut tanh[rows.start * n..rows.end * n],
+                attention.as_deref_mut(),
+            ),
+            None => (
+                &mut block.glimpse[..count * d],
+                &mut block.tanh[..count * n],
+                None,
+            ),
+        };
+        let attention = match attention {
+            Some(kept) => &mut kept[rows.start * h * n..rows.end * h * n],
+            None => &mut block.attention[..count * h * n],
+        };
+        RowsOut {
+            log_probs: &mut self.log_probs[rows.start * n..rows.end * n],
+            attention,
+            glimpse,
+            tanh,
+        }
+    }
+
+    /// Writes the outputs of the piece's `rows` from where [`forward_piece`] gathered them
+    /// (`block`'s front) to their places: the log-probabilities, and what the piece keeps.
+    fn write_back(&mut self, rows: &[usize], dims: Dims, block: &BlockOut) {
+        let (n, h, d) = (dims.nodes, dims.heads, dims.embed());
+        scatter_rows(&block.log_probs, n, rows, self.log_probs);
+        if let Some((glimpse, tanh, attention)) = &mut self.kept {
+            scatter_rows(&block.glimpse, d, rows, glimpse);
+            scatter_rows(&block.tanh, n, rows, tanh);
+            if let Some(attention) = attention {
+                scatter_rows(&block.attention, h * n, rows, attention);
+            }
+        }
+    }
+}
+
+/// Writes the front rows of `gathered` (`[·, width]`) to rows `rows` of `out`.
+fn scatter_rows(gathered: &[f32], width: usize, rows: &[usize], out: &mut [f32]) {
+    for (j, &r) in rows.iter().enumerate() {
+        out[r * width..][..width].copy_from_slice(&gathered[j * width..][..width]);
     }
 }
 
@@ -517,7 +623,8 @@ pub(crate) fn backward(
 }
 
 /// One instance's backward pass: [`backward_instance`] in some form.
-type BackwardInstance = fn(Dims, Scale, (&BackIn, usize), InstanceGradsOut, &mut BackBuffers);
+type BackwardInstance =
+    fn(Dims, Scale, (&BackIn, usize), InstanceGradsOut, &mut BackBuffers, &[usize]);
 
 /// [`backward`] with each instance in `instance_kernel` (the tests pick each form).
 fn backward_with(
@@ -569,10 +676,12 @@ simd_dispatch! {
         from: (&BackIn, usize),
         out: InstanceGradsOut,
         buffers: &mut BackBuffers,
+        live: &[usize],
     )
 }
 
-/// Instance `i`'s rows, in blocks of up to [`MulAdd::ROW_BLOCK`], then the gradients of
+/// Instance `i`'s rows `live` (ascending; the others add nothing and keep the zero query
+/// gradients `dq` has), in blocks of up to [`MulAdd::ROW_BLOCK`], then the gradients of
 /// what its rows share.
 #[inline(always)]
 fn backward_instance<M: MulAdd>(
@@ -581,86 +690,178 @@ fn backward_instance<M: MulAdd>(
     (from, i): (&BackIn, usize),
     (dq, dk, dv, dl): InstanceGradsOut,
     buffers: &mut BackBuffers,
+    live: &[usize],
 ) {
     let (n, d, s, h) = (dims.nodes, dims.embed(), dims.starts, dims.heads);
     let (x, saved) = (from.x, from.saved);
-    let block = i * n * d..(i + 1) * n * d;
+    let (tables, at) = (i * n * d..(i + 1) * n * d, i * s);
+    let every = live.len() == s;
     let BackBuffers {
         scratch,
-        attention: recomputed,
+        attention: held,
         attention_lanes,
+        query,
+        glimpse,
+        block,
     } = buffers;
-    scratch.fit(dims);
+    // The sums over the instance's rows run over the live rows alone.
+    let live_dims = Dims {
+        starts: live.len(),
+        ..dims
+    };
+    scratch.fit(live_dims);
+    block.fit(dims);
     let attention = match &saved.attention {
-        Some(kept) => &kept[i * s * h * n..(i + 1) * s * h * n],
+        Some(kept) if every => &kept[at * h * n..(at + s) * h * n],
+        Some(kept) => held_rows(kept, h * n, (at, live), held),
         None => {
-            recompute_attention::<M>(dims, x, i, (recomputed, attention_lanes));
-            &recomputed[..]
+            recompute_attention::<M>(dims, x, (i, live), (held, attention_lanes), block);
+            &held[..]
         }
     };
     let instance = InstanceBack {
         values_t: &by_feature_block(x, dims, i)[2 * d * padded(n)..],
-        keys: &x.glimpse_keys[block.clone()],
-        logit_keys: &x.logit_keys[block],
-        query: &x.query[i * s * d..(i + 1) * s * d],
-        glimpse: &saved.glimpse[i * s * d..(i + 1) * s * d],
+        keys: &x.glimpse_keys[tables.clone()],
+        logit_keys: &x.logit_keys[tables],
+        query: instance_rows(x.query, d, (at, live), every, query),
+        glimpse: instance_rows(&saved.glimpse, d, (at, live), every, glimpse),
         attention,
     };
-    let mut row = 0;
-    while row < s {
-        let count = rows_in_block::<M>(s - row);
-        let r = (i * s + row)..(i * s + row + count);
-        let rows_saved = RowSaved {
-            mask: &x.mask[r.start * n..r.end * n],
-            log_probs: &from.log_probs[r.start * n..r.end * n],
-            attention: &attention[row * h * n..(row + count) * h * n],
-            tanh: &saved.tanh[r.start * n..r.end * n],
-            grad_out: &from.grad_out[r.start * n..r.end * n],
-        };
-        let query = &mut dq[row * d..(row + count) * d];
-        let rows = (row, &rows_saved, &instance);
-        let scratch = &mut *scratch;
-        match count {
-            8 => backward_rows::<M, 8>(dims, scale, rows, query, scratch),
-            4 => backward_rows::<M, 4>(dims, scale, rows, query, scratch),
-            2 => backward_rows::<M, 2>(dims, scale, rows, query, scratch),
-            _ => backward_rows::<M, 1>(dims, scale, rows, query, scratch),
-        }
-        row += count;
-    }
-    instance_grads::<M>(dims, &instance, scratch, (dk, dv, dl));
+    backward_blocks::<M>(
+        dims,
+        scale,
+        (from, at, live),
+        &instance,
+        dq,
+        (scratch, block),
+    );
+    instance_grads::<M>(live_dims, &instance, scratch, (dk, dv, dl));
 }
 
-/// Instance `i`'s attention weights `[S, H, N]` into `attention`, recomputed as the
-/// forward pass computed them (the same function over the same blocks of rows, so the same
-/// bits), where the forward pass did not keep them ([`keeps_attention`]); `lanes` is the
-/// working memory.
+/// [`backward_instance`]'s rows `live` (from the batch's row `at`), in blocks: their
+/// query gradients into `dq` and their rows of the instance's gradient tables. A block of
+/// consecutive rows is read and written in place; any other is gathered into `block`.
+#[inline(always)]
+fn backward_blocks<M: MulAdd>(
+    dims: Dims,
+    scale: Scale,
+    (from, at, live): (&BackIn, usize, &[usize]),
+    instance: &InstanceBack,
+    dq: &mut [f32],
+    (scratch, block): (&mut BackScratch, &mut BackBlock),
+) {
+    let (n, d, h) = (dims.nodes, dims.embed(), dims.heads);
+    let (x, saved) = (from.x, from.saved);
+    let mut k = 0;
+    while k < live.len() {
+        let count = rows_in_block::<M>(live.len() - k);
+        let (rows, j) = (&live[k..k + count], k);
+        k += count;
+        let attention = &instance.attention[j * h * n..(j + count) * h * n];
+        let in_place = consecutive(rows);
+        let (rows_saved, query) = match in_place {
+            Some(start) => {
+                let r = at + start..at + start + count;
+                let rows_saved = RowSaved {
+                    mask: &x.mask[r.start * n..r.end * n],
+                    log_probs: &from.log_probs[r.start * n..r.end * n],
+                    attention,
+                    tanh: &saved.tanh[r.start * n..r.end * n],
+                    grad_out: &from.grad_out[r.start * n..r.end * n],
+                };
+                (rows_saved, &mut dq[start * d..(start + count) * d])
+            }
+            None => (
+                block.saved.gather(from, (at, rows), attention, n),
+                &mut block.d_query[..count * d],
+            ),
+        };
+        let block_rows = (j, &rows_saved, instance);
+        let scratch = &mut *scratch;
+        match count {
+            8 => backward_rows::<M, 8>(dims, scale, block_rows, query, scratch),
+            4 => backward_rows::<M, 4>(dims, scale, block_rows, query, scratch),
+            2 => backward_rows::<M, 2>(dims, scale, block_rows, query, scratch),
+            _ => backward_rows::<M, 1>(dims, scale, block_rows, query, scratch),
+        }
+        if in_place.is_none() {
+            scatter_rows(&block.d_query, d, rows, dq);
+        }
+    }
+}
+
+/// The instance's rows `live` (from the batch's row `at`) of a `[R, width]` table: in
+/// place when they are all of them, else gathered into `into`.
+fn instance_rows<'a>(
+    table: &'a [f32],
+    width: usize,
+    (at, live): (usize, &[usize]),
+    every: bool,
+    into: &'a mut Vec<f32>,
+) -> &'a [f32] {
+    if every {
+        &table[at * width..(at + live.len()) * width]
+    } else {
+        held_rows(table, width, (at, live), into)
+    }
+}
+
+/// Rows `at + r` (r in `live`) of a `[R, width]` table, gathered into `into`.
+fn held_rows<'a>(
+    table: &[f32],
+    width: usize,
+    (at, live): (usize, &[usize]),
+    into: &'a mut Vec<f32>,
+) -> &'a [f32] {
+    // Every value is written before it is read: only the growth is zeroed.
+    into.resize(live.len() * width, 0.0);
+    gather_rows(table, width, at, live, into);
+    &into[..live.len() * width]
+}
+
+/// Instance `i`'s attention weights `[L, H, N]` for its rows `live` into `attention`,
+/// recomputed as the forward pass computed them (the same function, so the same bits),
+/// where the forward pass did not keep them ([`keeps_attention`]); `lanes` is the working
+/// memory, and `block` holds a block's gathered queries and masks.
 #[inline(always)]
 fn recompute_attention<M: MulAdd>(
     dims: Dims,
     x: &Inputs,
-    i: usize,
+    (i, live): (usize, &[usize]),
     (attention, lanes): (&mut Vec<f32>, &mut Vec<f32>),
+    block: &mut BackBlock,
 ) {
     let (n, h, d, s) = (dims.nodes, dims.heads, dims.embed(), dims.starts);
     let keys_t = &by_feature_block(x, dims, i)[..d * padded(n)];
     // Every weight is written before it is read: only the growth is zeroed.
-    attention.resize(s * h * n, 0.0);
+    attention.resize(live.len() * h * n, 0.0);
     lanes.resize(2 * MAX_ROW_BLOCK * padded(n), 0.0);
     #[cfg(test)]
     poison(&mut [attention, lanes]);
-    let mut row = 0;
-    while row < s {
-        let count = rows_in_block::<M>(s - row);
-        let r = i * s + row;
-        let rows = (
-            &x.query[r * d..(r + count) * d],
-            &x.mask[r * n..(r + count) * n],
-            keys_t,
-        );
+    let at = i * s;
+    let mut k = 0;
+    while k < live.len() {
+        let count = rows_in_block::<M>(live.len() - k);
+        let (rows, j) = (&live[k..k + count], k);
+        k += count;
+        let (query, mask) = match consecutive(rows) {
+            Some(start) => {
+                let r = at + start;
+                (
+                    &x.query[r * d..(r + count) * d],
+                    &x.mask[r * n..(r + count) * n],
+                )
+            }
+            None => {
+                gather_rows(x.query, d, at, rows, &mut block.query);
+                gather_rows(x.mask, n, at, rows, &mut block.saved.mask);
+                (&block.query[..count * d], &block.saved.mask[..count * n])
+            }
+        };
+        let rows = (query, mask, keys_t);
         let (lanes, out) = (
             &mut lanes[..],
-            &mut attention[row * h * n..(row + count) * h * n],
+            &mut attention[j * h * n..(j + count) * h * n],
         );
         match count {
             8 => attention_rows::<M, 8>(dims, rows, lanes, out),
@@ -668,7 +869,6 @@ fn recompute_attention<M: MulAdd>(
             2 => attention_rows::<M, 2>(dims, rows, lanes, out),
             _ => attention_rows::<M, 1>(dims, rows, lanes, out),
         }
-        row += count;
     }
 }
 
@@ -695,10 +895,75 @@ struct InstanceBack<'a> {
 #[derive(Default)]
 pub(super) struct BackBuffers {
     scratch: BackScratch,
-    /// `[S, H, N]` the recomputed attention weights, where they are not kept.
+    /// `[L, H, N]` the live rows' attention weights: recomputed where they are not kept,
+    /// gathered where some rows are forced.
     attention: Vec<f32>,
     /// Two `[MAX_ROW_BLOCK, Np]` lane blocks for their recomputation.
     attention_lanes: Vec<f32>,
+    /// `[L, d]` the live rows' queries and glimpses, where some rows are forced.
+    query: Vec<f32>,
+    glimpse: Vec<f32>,
+    /// One block's rows, where they are not consecutive.
+    block: BackBlock,
+}
+
+/// A block of rows that are not consecutive, gathered: their queries (to recompute
+/// their attention weights), their other inputs and saved values, and their query
+/// gradients before they are written back.
+#[derive(Default)]
+pub(super) struct BackBlock {
+    query: Vec<f32>,
+    d_query: Vec<f32>,
+    saved: BlockSaved,
+}
+
+/// A gathered block's masks and what the passes saved for it, each `[rows, N]`.
+#[derive(Default)]
+struct BlockSaved {
+    mask: Vec<u8>,
+    log_probs: Vec<f32>,
+    tanh: Vec<f32>,
+    grad_out: Vec<f32>,
+}
+
+impl BackBlock {
+    /// Sized for a block of [`MAX_ROW_BLOCK`] rows of `dims`; every value a block reads
+    /// is written first.
+    fn fit(&mut self, dims: Dims) {
+        let (n, d) = (dims.nodes, dims.embed());
+        self.query.resize(MAX_ROW_BLOCK * d, 0.0);
+        self.d_query.resize(MAX_ROW_BLOCK * d, 0.0);
+        let saved = &mut self.saved;
+        saved.mask.resize(MAX_ROW_BLOCK * n, 0);
+        saved.log_probs.resize(MAX_ROW_BLOCK * n, 0.0);
+        saved.tanh.resize(MAX_ROW_BLOCK * n, 0.0);
+        saved.grad_out.resize(MAX_ROW_BLOCK * n, 0.0);
+    }
+}
+
+impl BlockSaved {
+    /// The saved values of `rows` (within the instance whose first row is the batch's
+    /// `at`), gathered; `attention` is theirs already.
+    fn gather<'a>(
+        &'a mut self,
+        from: &BackIn,
+        (at, rows): (usize, &[usize]),
+        attention: &'a [f32],
+        n: usize,
+    ) -> RowSaved<'a> {
+        let count = rows.len();
+        gather_rows(from.x.mask, n, at, rows, &mut self.mask);
+        gather_rows(from.log_probs, n, at, rows, &mut self.log_probs);
+        gather_rows(&from.saved.tanh, n, at, rows, &mut self.tanh);
+        gather_rows(from.grad_out, n, at, rows, &mut self.grad_out);
+        RowSaved {
+            mask: &self.mask[..count * n],
+            log_probs: &self.log_probs[..count * n],
+            attention,
+            tanh: &self.tanh[..count * n],
+            grad_out: &self.grad_out[..count * n],
+        }
+    }
 }
 
 /// An instance's working memory in the backward pass.
@@ -1147,13 +1412,14 @@ mod tests {
     }
 
     /// The backward pass recomputes the attention weights the forward pass kept, bit for
-    /// bit, in each form, and so gives the same gradients without them.
+    /// bit, in each form (for every row, and for some rows, gathered), and so gives the
+    /// same gradients without them.
     #[test]
     fn recomputed_attention_is_the_kept_one() {
         type Forms = (
             ForwardPiece,
             BackwardInstance,
-            fn(Dims, &Inputs, usize, (&mut Vec<f32>, &mut Vec<f32>)),
+            fn(Dims, &Inputs, (usize, &[usize]), (&mut Vec<f32>, &mut Vec<f32>), &mut BackBlock),
         );
         let forms: [Forms; 3] = [
             (
@@ -1188,9 +1454,21 @@ mod tests {
                 let per_instance = starts * 8 * nodes;
                 // Reused from one instance to the next, as the backward pass does.
                 let (mut attention, mut lanes) = (Vec::new(), Vec::new());
+                let mut block = BackBlock::default();
+                block.fit(dims);
+                let every: Vec<usize> = (0..starts).collect();
+                let some: Vec<usize> = (0..starts).filter(|r| r % 3 != 1).collect();
                 for (i, kept) in kept.chunks(per_instance).enumerate() {
-                    recompute(dims, &x, i, (&mut attention, &mut lanes));
+                    let rows = (&mut attention, &mut lanes);
+                    recompute(dims, &x, (i, &every), rows, &mut block);
                     assert!(same(&attention, kept), "{dims:?}, instance {i}");
+                    let rows = (&mut attention, &mut lanes);
+                    recompute(dims, &x, (i, &some), rows, &mut block);
+                    let row = per_instance / starts;
+                    let want: Vec<f32> = (some.iter())
+                        .flat_map(|&r| kept[r * row..][..row].iter().copied())
+                        .collect();
+                    assert!(same(&attention, &want), "{dims:?}, instance {i}, some rows");
                 }
                 let grads = |saved: &Saved| {
                     let from = BackIn {
