@@ -1276,7 +1276,6 @@ mod tests {
         }
     }
 
-    /// The eight-lane exponential with its products and sums rounded apart gives
     /// The AVX2 `kept_exp_sum` gives the bits of the generic form, its operations taken
     /// one at a time (a subtraction, [`exp8_avx2`], a product, a sum), kept and masked
     /// lanes alike.
@@ -1313,6 +1312,7 @@ mod tests {
         assert_eq!(bits(&got), bits(&want));
     }
 
+    /// The eight-lane exponential with its products and sums rounded apart gives
     /// [`exp_lane`]'s bits, across the range and at its edges.
     #[test]
     #[cfg(target_arch = "x86_64")]
