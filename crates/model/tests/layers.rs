@@ -96,7 +96,10 @@ fn no_function_is_longer_than_the_house_limit() {
                 "unsafe fn ",
             ]
             .iter()
-            .any(|p| trimmed.starts_with(p));
+            .any(|p| trimmed.starts_with(p))
+                // `fn name => kernel(` names a function to a macro (`simd_dispatch!`); it
+                // has no body here.
+                && !trimmed.contains(" => ");
             // A declaration without a body (a trait's method) ends its signature in `;`.
             let signature_end = lines[i..]
                 .iter()
