@@ -40,8 +40,8 @@ fn live_rows(forced: &[Option<usize>]) -> Vec<usize> {
 }
 
 /// Rows `first..` of instance `i` (as many as `out` holds) through `kernel`, its forced
-/// rows left out. What the forward pass keeps for a forced row stays as `out` had it (the
-/// backward pass leaves those rows out too).
+/// rows left out. What the forward pass keeps for a forced row is left unwritten: the
+/// backward pass leaves those rows out too.
 pub(super) fn forward_unit(
     dims: Dims,
     scale: Scale,
@@ -66,19 +66,30 @@ pub(super) fn forward_unit(
 }
 
 /// Instance `i`'s gradients through `kernel`, its forced rows left out: their query
-/// gradients stay zero, as `out` has them, and they add nothing to the node tables'.
+/// gradients are zero, and they add nothing to the node tables' (zero where every row
+/// is forced). `out` is unwritten until then.
 pub(super) fn backward_unit(
     dims: Dims,
     scale: Scale,
     (from, i): (&BackIn, usize),
-    out: InstanceGradsOut,
+    (dq, dk, dv, dl): InstanceGradsOut,
     (kernel, buffers): (BackwardInstance, &mut BackBuffers),
 ) {
-    let (n, s) = (dims.nodes, dims.starts);
+    let (n, s, d) = (dims.nodes, dims.starts, dims.embed());
     let at = i * s;
-    let live = live_rows(&forced_choices(&from.x.mask[at * n..(at + s) * n], n));
-    if !live.is_empty() {
-        kernel(dims, scale, (from, i), out, buffers, &live);
+    let forced = forced_choices(&from.x.mask[at * n..(at + s) * n], n);
+    for (row, choice) in dq.chunks_exact_mut(d).zip(&forced) {
+        if choice.is_some() {
+            row.fill(0.0);
+        }
+    }
+    let live = live_rows(&forced);
+    if live.is_empty() {
+        for table in [dk, dv, dl] {
+            table.fill(0.0);
+        }
+    } else {
+        kernel(dims, scale, (from, i), (dq, dk, dv, dl), buffers, &live);
     }
 }
 
