@@ -1048,9 +1048,10 @@ pub(crate) fn floats(t: &burn_flex::FlexTensor) -> &[f32] {
 
 /// `len` floats for a kernel that writes each of them before anything reads it: a
 /// decoder step's outputs and gradients are written whole, and zeroing them first (as
-/// `vec![0.0; len]` does: ~13 MB a POMO CVRP100 step, ~5% of a CVRP50 step's time) is a
-/// pass over memory that nothing reads. Debug builds, the tests', fill them with NaN
-/// instead, so that a value read before it is written shows in every result it reaches.
+/// `vec![0.0; len]` does: ~13 MB a POMO CVRP100 decode step, ~5% of a CVRP50 training
+/// step's time) is a pass over memory that nothing reads. Debug builds, the tests', fill
+/// them with NaN instead, so that a value read before it is written shows in every result
+/// it reaches.
 pub(crate) fn unwritten(len: usize) -> Vec<f32> {
     if cfg!(debug_assertions) {
         return vec![f32::NAN; len];

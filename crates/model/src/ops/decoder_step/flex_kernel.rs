@@ -683,8 +683,8 @@ simd_dispatch! {
 }
 
 /// Instance `i`'s rows `live` (ascending; the others add nothing, and their query
-/// gradients in `dq` are left as they are), in blocks of up to [`MulAdd::ROW_BLOCK`], then the gradients of
-/// what its rows share.
+/// gradients in `dq` are left as they are), in blocks of up to [`MulAdd::ROW_BLOCK`],
+/// then the gradients of what its rows share.
 #[inline(always)]
 fn backward_instance<M: MulAdd>(
     dims: Dims,
