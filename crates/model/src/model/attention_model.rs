@@ -26,8 +26,8 @@ use crate::model::problem::{max_decode_steps, DeviceBatch};
 use crate::model::state::{CvrpState, LoadArithmetic};
 use crate::ops::decoder_step::fused_on;
 use crate::ops::decoder_step::{
-    fused_decode, fused_step, fused_step_from_context, keys_by_feature, op_by_op, DecodeSpan,
-    SeenSteps,
+    fused_decode, fused_step, fused_step_from_context, fused_step_on_flex_from_context,
+    keys_by_feature, op_by_op, DecodeSpan, SeenSteps,
 };
 use crate::ops::linear::matmul_rows;
 use crate::ops::linear::per_node;
@@ -78,8 +78,9 @@ pub enum DecodeRoute {
     /// config's `decoder_step = "op-by-op"`, a size the kernel does not fit). The reference
     /// every other route is tested against.
     OpByOp,
-    /// Step by step, each step one fused operation from its query: flex, with or without
-    /// gradients, and CubeCL devices that record gradients step by step.
+    /// Step by step, each step one fused operation: on flex (with or without gradients)
+    /// from each row's context, the query made inside the operation; on CubeCL devices
+    /// that record gradients step by step, from its query.
     FusedSteps {
         /// The fused step reads the keys by feature alone (CubeCL's kernels), not the
         /// glimpse values' own layout.
@@ -101,6 +102,8 @@ pub(crate) enum StepForm {
     OpByOp,
     Fused,
     FusedFromContext,
+    /// Flex's fused step from the context, with or without gradients.
+    FusedFromContextOnFlex,
 }
 
 /// What the route depends on besides the device: the model's config and the decode.
@@ -151,7 +154,8 @@ impl DecodeRoute {
     pub(crate) fn step(self) -> StepForm {
         match self {
             Self::OpByOp => StepForm::OpByOp,
-            Self::FusedSteps { .. } | Self::SampleThenScore => StepForm::Fused,
+            Self::FusedSteps { on_cubecl: false } => StepForm::FusedFromContextOnFlex,
+            Self::FusedSteps { on_cubecl: true } | Self::SampleThenScore => StepForm::Fused,
             Self::FusedStepsFromContext | Self::OneLaunch => StepForm::FusedFromContext,
         }
     }
@@ -288,6 +292,15 @@ impl Precomputed {
             .reshape([b, self.starts * k, d]); // [B, S·K, d]
         let step_context = last_context + remaining * self.capacity_context.clone(); // [B, S·K, d]
         self.fixed_context.clone() + step_context
+    }
+
+    /// `[fixed, last node, capacity]` contexts: what a step's query is made from.
+    fn context(&self) -> [Tensor<3>; 3] {
+        [
+            self.fixed_context.clone(),
+            self.last_node_context.clone(),
+            self.capacity_context.clone(),
+        ]
     }
 
     /// The same tensors outside autodiff: what a decode that records no gradient reads.
@@ -465,11 +478,7 @@ impl AttentionModel {
             log_likelihood: options.log_likelihood,
             record_seen,
         };
-        let context = [
-            pre.fixed_context.clone(),
-            pre.last_node_context.clone(),
-            pre.capacity_context.clone(),
-        ];
+        let context = pre.context();
         let decoded = fused_decode(
             context,
             by_feature,
@@ -666,11 +675,7 @@ impl AttentionModel {
         let mask = state.mask(); // [R, N]
         let by_feature = || pre.by_feature.clone().expect("a fused route");
         if pre.route.step() == StepForm::FusedFromContext {
-            let context = [
-                pre.fixed_context.clone(),
-                pre.last_node_context.clone(),
-                pre.capacity_context.clone(),
-            ];
+            let context = pre.context();
             return fused_step_from_context(
                 context,
                 state.last_node(),
@@ -678,6 +683,25 @@ impl AttentionModel {
                 by_feature(),
                 mask,
                 self.num_heads,
+                self.tanh_clipping,
+                temperature,
+            );
+        }
+        if pre.route.step() == StepForm::FusedFromContextOnFlex {
+            let context = pre.context();
+            let rows = b * pre.starts;
+            let remaining = state.remaining_capacity_fraction().reshape([rows, 1]);
+            let tables = (
+                pre.glimpse_keys.clone(),
+                pre.glimpse_values.clone(),
+                pre.logit_keys.clone(),
+            );
+            return fused_step_on_flex_from_context(
+                context,
+                (state.last_node(), remaining),
+                tables,
+                by_feature(),
+                mask,
                 self.tanh_clipping,
                 temperature,
             );

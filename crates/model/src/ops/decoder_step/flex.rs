@@ -2,12 +2,13 @@ use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::Checkpoi
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::autodiff::Autodiff;
-use burn::backend::tensor::{BoolTensor, FloatTensor};
+use burn::backend::tensor::{BoolTensor, FloatTensor, IntTensor};
 use burn::backend::Flex;
 use burn_flex::FlexTensor;
 
+use super::flex_context::{self, ContextDims, ContextIn};
 use super::flex_kernel::{self, Dims, Inputs, Saved, Scale};
-use super::DecoderStepBackend;
+use super::{ContextStepBackend, DecoderStepBackend};
 use crate::ops::row_kernels::{floats, tensor};
 
 /// The step's inputs as contiguous flex tensors, kept for the backward pass.
@@ -174,6 +175,223 @@ impl<C: CheckpointStrategy> DecoderStepBackend for Autodiff<Flex, C> {
             OpsKind::Tracked(prep) => {
                 let (log_probs, saved) = step.forward();
                 prep.finish((step, log_probs.clone(), saved), log_probs)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(step.log_probs()),
+        }
+    }
+}
+
+/// Each row's context, kept for the backward pass: the node it stands at and its
+/// remaining capacity fraction, and the step's sizes.
+#[derive(Debug, Clone)]
+pub struct RowContexts {
+    last_node: Vec<usize>,
+    remaining: Vec<f32>,
+    dims: ContextDims,
+}
+
+impl RowContexts {
+    /// From `last_node` and `remaining` (`[R, 1]` each) and `last_node_context`'s `[B, N, d]`.
+    fn new(last_node: FlexTensor, remaining: FlexTensor, nodes: &FlexTensor) -> Self {
+        let [b, n, d] = dims3(nodes);
+        let last_node = node_indices(&last_node.to_contiguous());
+        let remaining = floats(&remaining.to_contiguous()).to_vec();
+        let dims = ContextDims {
+            instances: b,
+            starts: last_node.len() / b.max(1),
+            nodes: n,
+            embed: d,
+        };
+        Self {
+            last_node,
+            remaining,
+            dims,
+        }
+    }
+
+    /// The rows' queries `[B, S, d]` from `[fixed, node rows, capacity row]`.
+    fn queries(&self, [fixed, nodes, capacity]: [&FlexTensor; 3]) -> FlexTensor {
+        let [fixed, nodes, capacity] = [fixed, nodes, capacity].map(|t| t.to_contiguous());
+        let x = ContextIn {
+            fixed: floats(&fixed),
+            nodes: floats(&nodes),
+            capacity: floats(&capacity),
+            last_node: &self.last_node,
+            remaining: &self.remaining,
+        };
+        let ContextDims {
+            instances,
+            starts,
+            embed,
+            ..
+        } = self.dims;
+        tensor(
+            flex_context::queries(self.dims, &x),
+            [instances, starts, embed],
+        )
+    }
+
+    /// Gradients `[fixed [B, 1, d], node rows [B, N, d], capacity row [1, 1, d]]` from the
+    /// queries' `[R, d]`.
+    fn grads(&self, d_query: &[f32]) -> [FlexTensor; 3] {
+        let rows = (&self.last_node[..], &self.remaining[..]);
+        let g = flex_context::context_grads(self.dims, rows, d_query);
+        let ContextDims {
+            instances: b,
+            nodes: n,
+            embed: d,
+            ..
+        } = self.dims;
+        [
+            tensor(g.fixed, [b, 1, d]),
+            tensor(g.nodes, [b, n, d]),
+            tensor(g.capacity, [1, 1, d]),
+        ]
+    }
+}
+
+/// Node indices from contiguous flex ints (i64 or i32).
+fn node_indices(t: &FlexTensor) -> Vec<usize> {
+    if let Some(nodes) = t.as_slice::<i64>() {
+        return nodes.iter().map(|&v| v as usize).collect();
+    }
+    let nodes = t.as_slice::<i32>();
+    let nodes = nodes.expect("contiguous i32 or i64 node indices");
+    nodes.iter().map(|&v| v as usize).collect()
+}
+
+/// The step's tensors from the context: its queries made, then as [`StepTensors`].
+fn context_step(
+    [fixed, nodes, capacity]: [FlexTensor; 3],
+    (last_node, remaining): (FlexTensor, FlexTensor),
+    tables: [FlexTensor; 3],
+    [by_feature, mask]: [FlexTensor; 2],
+    scale: Scale,
+) -> (StepTensors, RowContexts) {
+    let rows = RowContexts::new(last_node, remaining, &nodes);
+    let query = rows.queries([&fixed, &nodes, &capacity]);
+    let [keys, values, logit_keys] = tables;
+    let step = StepTensors::new([query, keys, values, logit_keys], [by_feature, mask], scale);
+    (step, rows)
+}
+
+impl ContextStepBackend for Flex {
+    fn decoder_step_from_context(
+        fixed_context: FloatTensor<Self>,
+        last_node_context: FloatTensor<Self>,
+        capacity_context: FloatTensor<Self>,
+        last_node: IntTensor<Self>,
+        remaining: FloatTensor<Self>,
+        glimpse_keys: FloatTensor<Self>,
+        glimpse_values: FloatTensor<Self>,
+        logit_keys: FloatTensor<Self>,
+        by_feature: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        tanh_clipping: f32,
+        temperature: f32,
+    ) -> FloatTensor<Self> {
+        let (step, _) = context_step(
+            [fixed_context, last_node_context, capacity_context],
+            (last_node, remaining),
+            [glimpse_keys, glimpse_values, logit_keys],
+            [by_feature, mask],
+            Scale::new(tanh_clipping, temperature),
+        );
+        step.log_probs()
+    }
+}
+
+#[derive(Debug)]
+struct ContextStepBackward;
+
+impl Backward<Flex, 6> for ContextStepBackward {
+    /// The step's tensors, the rows' contexts, the output and the forward pass's
+    /// intermediates.
+    type State = (StepTensors, RowContexts, FlexTensor, Saved);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 6>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let (step, rows, log_probs, saved) = ops.state;
+        let grad_out = grads.consume::<Flex>(&ops.node).to_contiguous();
+        let g = flex_kernel::backward(
+            step.dims,
+            step.scale,
+            &step.inputs(),
+            floats(&log_probs),
+            &saved,
+            floats(&grad_out),
+        );
+        let [fixed, nodes, capacity] = rows.grads(&g.query);
+        let tables = [
+            (g.glimpse_keys, step.glimpse_keys.layout().shape().clone()),
+            (
+                g.glimpse_values,
+                step.glimpse_values.layout().shape().clone(),
+            ),
+            (g.logit_keys, step.logit_keys.layout().shape().clone()),
+        ];
+        let tables = tables.map(|(grad, shape)| tensor(grad, shape));
+        let values = [fixed, nodes, capacity].into_iter().chain(tables);
+        for (parent, grad) in ops.parents.into_iter().zip(values) {
+            if let Some(node) = parent {
+                grads.register::<Flex>(node.id, grad);
+            }
+        }
+    }
+}
+
+impl<C: CheckpointStrategy> ContextStepBackend for Autodiff<Flex, C> {
+    fn decoder_step_from_context(
+        fixed_context: FloatTensor<Self>,
+        last_node_context: FloatTensor<Self>,
+        capacity_context: FloatTensor<Self>,
+        last_node: IntTensor<Self>,
+        remaining: FloatTensor<Self>,
+        glimpse_keys: FloatTensor<Self>,
+        glimpse_values: FloatTensor<Self>,
+        logit_keys: FloatTensor<Self>,
+        by_feature: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        tanh_clipping: f32,
+        temperature: f32,
+    ) -> FloatTensor<Self> {
+        // `remaining` comes from the state and `by_feature` is a detached copy of the
+        // tables: no gradient of their own.
+        let nodes = [
+            fixed_context.node(),
+            last_node_context.node(),
+            capacity_context.node(),
+            glimpse_keys.node(),
+            glimpse_values.node(),
+            logit_keys.node(),
+        ];
+        let (step, rows) = context_step(
+            [
+                fixed_context.into_primitive(),
+                last_node_context.into_primitive(),
+                capacity_context.into_primitive(),
+            ],
+            (last_node, remaining.into_primitive()),
+            [
+                glimpse_keys.into_primitive(),
+                glimpse_values.into_primitive(),
+                logit_keys.into_primitive(),
+            ],
+            [by_feature.into_primitive(), mask],
+            Scale::new(tanh_clipping, temperature),
+        );
+        match ContextStepBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (log_probs, saved) = step.forward();
+                prep.finish((step, rows, log_probs.clone(), saved), log_probs)
             }
             OpsKind::UnTracked(prep) => prep.finish(step.log_probs()),
         }

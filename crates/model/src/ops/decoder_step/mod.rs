@@ -20,6 +20,8 @@ mod cube_decode;
 #[cfg(feature = "cube")]
 mod cube_kernel;
 #[cfg(feature = "flex")]
+mod flex_context;
+#[cfg(feature = "flex")]
 mod flex_kernel;
 mod reference;
 #[cfg(test)]
@@ -153,6 +155,58 @@ pub(crate) fn fused_step_from_context(
     }
 }
 
+/// The fused step from each row's context on flex, with or without gradients (see
+/// [`ContextStepBackend`]); call it only on flex.
+///
+/// # Shapes
+/// - `fixed_context`: `[B, 1, d]`, `last_node_context`: `[B, N, d]`, `capacity_context`:
+///   `[1, 1, d]`, `last_node` and `remaining`: `[B × S, 1]`; the tables, `by_feature` and
+///   `mask` as [`fused_step`]'s
+/// - output: `[B × S, N]` log-probabilities, −∞ at masked nodes
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fused_step_on_flex_from_context(
+    [fixed_context, last_node_context, capacity_context]: [Tensor<3>; 3],
+    (last_node, remaining): (Tensor<2, burn::tensor::Int>, Tensor<2>),
+    (glimpse_keys, glimpse_values, logit_keys): (Tensor<4>, Tensor<4>, Tensor<3>),
+    by_feature: Tensor<3>,
+    mask: Tensor<2, Bool>,
+    tanh_clipping: f64,
+    temperature: f64,
+) -> Tensor<2> {
+    #[cfg(feature = "flex")]
+    {
+        use burn::backend::Dispatch;
+        let out = <Dispatch as ContextStepBackend>::decoder_step_from_context(
+            fixed_context.into_dispatch(),
+            last_node_context.into_dispatch(),
+            capacity_context.into_dispatch(),
+            last_node.into_dispatch(),
+            remaining.into_dispatch(),
+            glimpse_keys.into_dispatch(),
+            glimpse_values.into_dispatch(),
+            logit_keys.into_dispatch(),
+            by_feature.into_dispatch(),
+            mask.into_dispatch(),
+            tanh_clipping as f32,
+            temperature as f32,
+        );
+        Tensor::from_dispatch(out)
+    }
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = (fixed_context, last_node_context, capacity_context);
+        let _ = (
+            last_node,
+            remaining,
+            glimpse_keys,
+            glimpse_values,
+            logit_keys,
+        );
+        let _ = (by_feature, mask, tanh_clipping, temperature);
+        unreachable!("flex is not compiled in; check the route first")
+    }
+}
+
 /// Which steps a whole decode runs ([`fused_decode`]) and what it keeps: steps
 /// `first..first + steps` (POMO's forced first step is the start state's, `first` = 1),
 /// the chosen log-probabilities' sum, and what each step met (its mask and remaining
@@ -278,6 +332,40 @@ mod extension {
         #[fusion(dtype = query, shape = Shape::new([query[0] * query[1], glimpse_keys[1]]))]
         fn decoder_step(
             query: FloatTensor<Self>,
+            glimpse_keys: FloatTensor<Self>,
+            glimpse_values: FloatTensor<Self>,
+            logit_keys: FloatTensor<Self>,
+            by_feature: FloatTensor<Self>,
+            mask: BoolTensor<Self>,
+            tanh_clipping: f32,
+            temperature: f32,
+        ) -> FloatTensor<Self>;
+    }
+}
+
+#[cfg(feature = "flex")]
+pub use context_extension::ContextStepBackend;
+
+#[cfg(feature = "flex")]
+mod context_extension {
+    use burn::backend::backend_extension;
+    use burn::backend::tensor::{BoolTensor, FloatTensor, IntTensor};
+
+    /// The decoder step from each row's context on flex, with a backward: each row's query
+    /// (the fixed context + its node's context row + its remaining capacity fraction · the
+    /// capacity's weight row) made inside the operation, and the gradients of those three
+    /// tensors summed inside its backward, where Burn's operations took a `select`, a
+    /// product, two sums and their backward a step (`flex_context`).
+    #[backend_extension(Autodiff: cfg(feature = "autodiff"), Flex: cfg(feature = "flex"))]
+    pub trait ContextStepBackend: burn::backend::Backend {
+        /// See [`super::fused_step_on_flex_from_context`].
+        #[allow(clippy::too_many_arguments)]
+        fn decoder_step_from_context(
+            fixed_context: FloatTensor<Self>,
+            last_node_context: FloatTensor<Self>,
+            capacity_context: FloatTensor<Self>,
+            last_node: IntTensor<Self>,
+            remaining: FloatTensor<Self>,
             glimpse_keys: FloatTensor<Self>,
             glimpse_values: FloatTensor<Self>,
             logit_keys: FloatTensor<Self>,

@@ -239,3 +239,157 @@ fn assert_cube_step_matches_op_by_op(cases: &[(usize, usize, usize, usize, usize
         assert_fused_matches_op_by_op_on(&device.clone().autodiff(), case);
     }
 }
+
+/// The context's tensors, each tracked, and each row's node and remaining capacity.
+#[cfg(feature = "flex")]
+struct ContextCase {
+    fixed: Tensor<3>,
+    nodes: Tensor<3>,
+    capacity: Tensor<3>,
+    last_node: Tensor<2, burn::tensor::Int>,
+    remaining: Tensor<2>,
+}
+
+#[cfg(feature = "flex")]
+impl ContextCase {
+    fn new(device: &Device, [b, s, n, d]: [usize; 4]) -> Self {
+        let tracked = |seed, shape: [usize; 3]| {
+            let data = TensorData::new(pseudo_random(shape.iter().product(), seed, 1.5), shape);
+            Tensor::<3>::from_data(data, device).require_grad()
+        };
+        // Rows share nodes (the depot most), as a decode's rows do.
+        let last: Vec<i64> = (0..b * s)
+            .map(|r| ((r * r) % (n + 2)).min(n - 1) as i64)
+            .collect();
+        let remaining: Vec<f32> = (0..b * s).map(|r| 1.0 - (r % 5) as f32 * 0.2).collect();
+        Self {
+            fixed: tracked(11, [b, 1, d]),
+            nodes: tracked(12, [b, n, d]),
+            capacity: tracked(13, [1, 1, d]),
+            last_node: Tensor::from_data(TensorData::new(last, [b * s, 1]), device),
+            remaining: Tensor::from_data(TensorData::new(remaining, [b * s, 1]), device),
+        }
+    }
+
+    /// The queries `[B, S, d]` in Burn's operations, as `AttentionModel` composes them.
+    fn queries(&self, s: usize) -> Tensor<3> {
+        let [b, n, d] = self.nodes.dims();
+        let offsets =
+            Tensor::<1, burn::tensor::Int>::arange(0..(b * s) as i64, &self.nodes.device())
+                .div_scalar(s as i64)
+                .mul_scalar(n as i64);
+        let rows = self.last_node.clone().reshape([b * s]) + offsets;
+        let node_rows = self.nodes.clone().reshape([b * n, d]).select(0, rows);
+        let step = node_rows.reshape([b, s, d])
+            + self.remaining.clone().reshape([b, s, 1]) * self.capacity.clone();
+        self.fixed.clone() + step
+    }
+}
+
+/// The step's tables, mask and upstream gradient, the same for every form.
+#[cfg(feature = "flex")]
+struct TableCase {
+    keys: Tensor<4>,
+    values: Tensor<4>,
+    logit_keys: Tensor<3>,
+    mask: Tensor<2, Bool>,
+    weights: Tensor<2>,
+}
+
+#[cfg(feature = "flex")]
+impl TableCase {
+    fn new(device: &Device, [b, s, n, heads, dk]: [usize; 5]) -> Self {
+        let data = |seed, shape: Vec<usize>| {
+            TensorData::new(pseudo_random(shape.iter().product(), seed, 1.5), shape)
+        };
+        let table = |seed| Tensor::<4>::from_data(data(seed, vec![b, n, heads, dk]), device);
+        let logit_keys = Tensor::<3>::from_data(data(4, vec![b, n, heads * dk]), device);
+        let mask = TensorData::new(step_masks(b * s, n), [b * s, n]);
+        let weights = TensorData::new(pseudo_random(b * s * n, 5, 1.0), [b * s, n]);
+        Self {
+            keys: table(2).require_grad(),
+            values: table(3).require_grad(),
+            logit_keys: logit_keys.require_grad(),
+            mask: Tensor::from_data(mask, device),
+            weights: Tensor::from_data(weights, device),
+        }
+    }
+}
+
+/// The log-probabilities and the gradients of the context's and the tables' six float
+/// tensors, from flex's step from the context (`form` 0), the fused step from the
+/// composed queries (1) or the op-by-op form from them (2).
+#[cfg(feature = "flex")]
+fn context_step_outputs(device: &Device, t: &TableCase, s: usize, form: usize) -> Vec<Vec<f32>> {
+    let [b, n, d] = t.logit_keys.dims();
+    let case = ContextCase::new(device, [b, s, n, d]);
+    let (k, v, l) = (t.keys.clone(), t.values.clone(), t.logit_keys.clone());
+    let by_feature = keys_by_feature(&k, &v, &l);
+    let (mask, clip) = (t.mask.clone(), TANH_CLIPPING);
+    let log_probs = match form {
+        0 => super::fused_step_on_flex_from_context(
+            [
+                case.fixed.clone(),
+                case.nodes.clone(),
+                case.capacity.clone(),
+            ],
+            (case.last_node.clone(), case.remaining.clone()),
+            (k, v, l),
+            by_feature,
+            mask,
+            clip,
+            1.0,
+        ),
+        1 => fused_step(case.queries(s), k, v, l, by_feature, mask, clip, 1.0),
+        _ => op_by_op(
+            case.queries(s),
+            k,
+            v,
+            l,
+            mask,
+            clip,
+            1.0,
+            MatmulPrecision::High,
+        ),
+    };
+    let loss = log_probs.clone().mask_fill(t.mask.clone(), 0.0) * t.weights.clone();
+    let grads = loss.sum().backward();
+    let read = |t: Tensor<1>| t.into_data().try_to_vec::<f32>().unwrap();
+    let flat = |t: Tensor<3>| read(t.flatten(0, 2));
+    let flat4 = |t: Tensor<4>| read(t.flatten(0, 3));
+    vec![
+        read(log_probs.flatten(0, 1)),
+        flat(case.fixed.grad(&grads).unwrap()),
+        flat(case.nodes.grad(&grads).unwrap()),
+        flat(case.capacity.grad(&grads).unwrap()),
+        flat4(t.keys.grad(&grads).unwrap()),
+        flat4(t.values.grad(&grads).unwrap()),
+        flat(t.logit_keys.grad(&grads).unwrap()),
+    ]
+}
+
+/// Flex's step from the context against the queries composed in Burn's operations: the
+/// same log-probabilities and gradients of all six float inputs, bit for bit, as the
+/// fused step from those queries (so training takes the same numbers), and within 1e-5 of
+/// the op-by-op form.
+#[cfg(feature = "flex")]
+#[test]
+fn step_from_the_context_on_flex_matches_the_composed_queries() {
+    let device = Backend::first_on_host().unwrap().device().unwrap();
+    let device = device.autodiff();
+    let (s, table) = (7, TableCase::new(&device, [3, 7, 21, 8, 16]));
+    let [ours, fused, reference] = [0, 1, 2].map(|f| context_step_outputs(&device, &table, s, f));
+    let names = [
+        "log-probabilities",
+        "fixed context",
+        "node contexts",
+        "capacity row",
+    ];
+    let names = names
+        .iter()
+        .chain(&["glimpse keys", "glimpse values", "logit keys"]);
+    for ((name, ours), (fused, reference)) in names.zip(&ours).zip(fused.iter().zip(&reference)) {
+        assert!(ours == fused, "{name}: not the composed queries' bits");
+        assert_close_relative(name, ours, reference);
+    }
+}
