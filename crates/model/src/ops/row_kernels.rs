@@ -1046,6 +1046,16 @@ pub(crate) fn floats(t: &burn_flex::FlexTensor) -> &[f32] {
         .expect("the fused operations run in f32 on contiguous tensors")
 }
 
+/// Node indices from contiguous flex ints (i64 or i32, as the device's settings say).
+pub(crate) fn node_indices(t: &burn_flex::FlexTensor) -> Vec<usize> {
+    if let Some(nodes) = t.as_slice::<i64>() {
+        return nodes.iter().map(|&v| v as usize).collect();
+    }
+    let nodes = t.as_slice::<i32>();
+    let nodes = nodes.expect("contiguous i32 or i64 node indices");
+    nodes.iter().map(|&v| v as usize).collect()
+}
+
 /// `len` floats for a kernel that writes each of them before anything reads it: a
 /// decoder step's outputs and gradients are written whole, and zeroing them first (as
 /// `vec![0.0; len]` does: ~13 MB a POMO CVRP100 decode step, ~5% of a CVRP50 training

@@ -9,7 +9,7 @@ use burn_flex::FlexTensor;
 use super::flex_context::{self, ContextDims, ContextIn};
 use super::flex_kernel::{self, Dims, Inputs, Saved, Scale};
 use super::{ContextStepBackend, DecoderStepBackend};
-use crate::ops::row_kernels::{floats, tensor};
+use crate::ops::row_kernels::{floats, node_indices, tensor};
 
 /// The step's inputs as contiguous flex tensors, kept for the backward pass.
 #[derive(Debug, Clone)]
@@ -248,16 +248,6 @@ impl RowContexts {
             tensor(g.capacity, [1, 1, d]),
         ]
     }
-}
-
-/// Node indices from contiguous flex ints (i64 or i32).
-fn node_indices(t: &FlexTensor) -> Vec<usize> {
-    if let Some(nodes) = t.as_slice::<i64>() {
-        return nodes.iter().map(|&v| v as usize).collect();
-    }
-    let nodes = t.as_slice::<i32>();
-    let nodes = nodes.expect("contiguous i32 or i64 node indices");
-    nodes.iter().map(|&v| v as usize).collect()
 }
 
 /// The step's tensors from the context: its queries made, then as [`StepTensors`].

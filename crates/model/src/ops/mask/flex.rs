@@ -5,20 +5,12 @@ use burn::backend::{Bytes, Flex};
 use burn_flex::{FlexTensor, Layout};
 
 use super::MaskBackend;
-use crate::ops::row_kernels::{floats, simd_dispatch, MulAdd};
+use crate::ops::row_kernels::{floats, node_indices, simd_dispatch, MulAdd};
 
 /// Whether each row's vehicle stands at the depot, from contiguous `[R, 1]` node
-/// indices (flex's ints are i64 or i32).
+/// indices.
 fn at_depot(last_node: &FlexTensor) -> Vec<bool> {
-    if let Some(nodes) = last_node.as_slice::<i64>() {
-        return nodes.iter().map(|&v| v == 0).collect();
-    }
-    let nodes = last_node.as_slice::<i32>();
-    nodes
-        .expect("contiguous i32 or i64 node indices")
-        .iter()
-        .map(|&v| v == 0)
-        .collect()
+    node_indices(last_node).iter().map(|&v| v == 0).collect()
 }
 
 /// One row's mask over its `N` nodes (written to `out`, 1 = masked), by the rule of
