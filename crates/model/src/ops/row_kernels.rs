@@ -534,17 +534,32 @@ pub(crate) fn weighted_sums<M: MulAdd, const R: usize>(
     at: RowsAt,
     out: &mut [f32],
 ) {
+    weighted_sums_of::<M, R, _>(coefs, rows, (stride, width), at, Every(at.count), out);
+}
+
+/// [`weighted_sums`] over the terms `terms` alone (`at.count` unused): where the others'
+/// coefficients are zero, the same sums, with the multiply-adds that add `x · 0` left out.
+#[inline(always)]
+pub(crate) fn weighted_sums_of<M: MulAdd, const R: usize, T: Terms>(
+    coefs: &[f32],
+    rows: &[f32],
+    (stride, width): (usize, usize),
+    at: RowsAt,
+    terms: T,
+    out: &mut [f32],
+) {
+    let sw = (stride, width);
     if M::WIDE {
         // Every lane in 16-lane vectors, the last one partial: a masked load costs what a
         // whole one does, where an 8-lane loop after the 16-lane one had half the sums in
         // flight.
-        weighted_vectors::<M::Sum16, R, true>(coefs, rows, (stride, width), at, out);
+        weighted_vectors::<M::Sum16, R, true, T>(coefs, rows, sw, (at, terms), out);
         return;
     }
-    let start = weighted_vectors::<M::Sum8, R, false>(coefs, rows, (stride, width), at, out);
+    let start = weighted_vectors::<M::Sum8, R, false, T>(coefs, rows, sw, (at, terms), out);
     for r in 0..R {
         for lane in start..width {
-            out[r * at.out_stride + lane] = (0..at.count).fold(0.0, |acc, k| {
+            out[r * at.out_stride + lane] = terms.iter().fold(0.0, |acc, k| {
                 M::mul_add(rows[k * stride + lane], coefs[at.coef(r, k)], acc)
             });
         }
@@ -554,11 +569,11 @@ pub(crate) fn weighted_sums<M: MulAdd, const R: usize>(
 /// [`weighted_sums`] over the `LANES`-lane vectors of lanes `..width`, in blocks: whole
 /// vectors only, or (`PARTIAL`) with the last one partial too; returns where they end.
 #[inline(always)]
-fn weighted_vectors<V: Lanes, const R: usize, const PARTIAL: bool>(
+fn weighted_vectors<V: Lanes, const R: usize, const PARTIAL: bool, T: Terms>(
     coefs: &[f32],
     rows: &[f32],
     (stride, width): (usize, usize),
-    at: RowsAt,
+    at: (RowsAt, T),
     out: &mut [f32],
 ) -> usize {
     let vectors = if PARTIAL {
@@ -579,9 +594,9 @@ fn weighted_vectors<V: Lanes, const R: usize, const PARTIAL: bool>(
     for _ in 0..vectors / per_block {
         let block = (start, last_lanes(start, per_block));
         match per_block {
-            4 => weighted_rows_block::<V, R, 4>(coefs, rows, stride, block, at, out),
-            3 => weighted_rows_block::<V, R, 3>(coefs, rows, stride, block, at, out),
-            _ => weighted_rows_block::<V, R, 2>(coefs, rows, stride, block, at, out),
+            4 => weighted_rows_block::<V, R, 4, T>(coefs, rows, stride, block, at, out),
+            3 => weighted_rows_block::<V, R, 3, T>(coefs, rows, stride, block, at, out),
+            _ => weighted_rows_block::<V, R, 2, T>(coefs, rows, stride, block, at, out),
         }
         start += V::LANES * per_block;
     }
@@ -589,9 +604,9 @@ fn weighted_vectors<V: Lanes, const R: usize, const PARTIAL: bool>(
     if left > 0 {
         let block = (start, last_lanes(start, left));
         match left {
-            3 => weighted_rows_block::<V, R, 3>(coefs, rows, stride, block, at, out),
-            2 => weighted_rows_block::<V, R, 2>(coefs, rows, stride, block, at, out),
-            _ => weighted_rows_block::<V, R, 1>(coefs, rows, stride, block, at, out),
+            3 => weighted_rows_block::<V, R, 3, T>(coefs, rows, stride, block, at, out),
+            2 => weighted_rows_block::<V, R, 2, T>(coefs, rows, stride, block, at, out),
+            _ => weighted_rows_block::<V, R, 1, T>(coefs, rows, stride, block, at, out),
         }
     }
     if PARTIAL {
@@ -604,25 +619,27 @@ fn weighted_vectors<V: Lanes, const R: usize, const PARTIAL: bool>(
 /// `B` vectors of lanes from `start` for `R` rows, the last vector's first `last_lanes`
 /// only.
 #[inline(always)]
-fn weighted_rows_block<V: Lanes, const R: usize, const B: usize>(
+fn weighted_rows_block<V: Lanes, const R: usize, const B: usize, T: Terms>(
     coefs: &[f32],
     rows: &[f32],
     stride: usize,
     (start, last_lanes): (usize, usize),
-    at: RowsAt,
+    (at, terms): (RowsAt, T),
     out: &mut [f32],
 ) {
     let mut acc = [[V::zero(); B]; R];
     let lanes = (B - 1) * V::LANES + last_lanes;
-    if let Some(last) = at.count.checked_sub(1) {
-        // One bounds check each for every key row and coefficient the loop reads.
+    if let Some(last) = terms.last() {
+        // One bounds check each for every key row and coefficient the loop reads (the
+        // terms ascend: none is beyond the last).
         assert!(
             last * stride + start + lanes <= rows.len(),
             "rows too short"
         );
         assert!(at.coef(R - 1, last) < coefs.len(), "coefficients too short");
-        let mut row = rows[start..].as_ptr();
-        for k in 0..at.count {
+        let first = rows[start..].as_ptr();
+        for k in terms.iter() {
+            let row = first.wrapping_add(k * stride);
             // SAFETY: row k starts at rows[k·stride + start] and is read `lanes` floats
             // on, within `rows` by the assertion above.
             let x: [V; B] = std::array::from_fn(|b| unsafe {
@@ -634,13 +651,12 @@ fn weighted_rows_block<V: Lanes, const R: usize, const B: usize>(
                 }
             });
             for (r, acc) in acc.iter_mut().enumerate() {
-                // SAFETY: r < R and k < count: within `coefs` (asserted).
+                // SAFETY: r < R and k ≤ last: within `coefs` (asserted).
                 let c = unsafe { *coefs.get_unchecked(at.coef(r, k)) };
                 for (acc, &x) in acc.iter_mut().zip(&x) {
                     *acc = x.mul_add(c, *acc);
                 }
             }
-            row = row.wrapping_add(stride);
         }
     }
     for (r, acc) in acc.iter().enumerate() {
@@ -652,6 +668,120 @@ fn weighted_rows_block<V: Lanes, const R: usize, const B: usize>(
                 acc.store_first(out, last_lanes);
             }
         }
+    }
+}
+
+/// Which terms k of a weighted sum are taken, in ascending order.
+pub(crate) trait Terms: Copy {
+    fn iter(self) -> impl Iterator<Item = usize>;
+    /// The largest k, if any.
+    fn last(self) -> Option<usize>;
+}
+
+/// Every k below a count.
+#[derive(Clone, Copy)]
+pub(crate) struct Every(pub(crate) usize);
+
+impl Terms for Every {
+    #[inline(always)]
+    fn iter(self) -> impl Iterator<Item = usize> {
+        0..self.0
+    }
+
+    #[inline(always)]
+    fn last(self) -> Option<usize> {
+        self.0.checked_sub(1)
+    }
+}
+
+/// The listed k, ascending: the nodes some row of a block may choose
+/// ([`open_nodes_of_any`], which alone makes them, in order).
+#[derive(Clone, Copy)]
+pub(crate) struct Listed<'a>(&'a [u32]);
+
+impl Terms for Listed<'_> {
+    #[inline(always)]
+    fn iter(self) -> impl Iterator<Item = usize> {
+        self.0.iter().map(|&k| k as usize)
+    }
+
+    #[inline(always)]
+    fn last(self) -> Option<usize> {
+        self.0.last().map(|&k| k as usize)
+    }
+}
+
+/// The nodes some row of a block may choose: every node, or a list of them.
+#[derive(Clone, Copy)]
+pub(crate) enum OpenNodes<'a> {
+    Every(usize),
+    Listed(Listed<'a>),
+}
+
+impl OpenNodes<'_> {
+    /// [`weighted_sums`] over these nodes (`at.count` unused): the same sums where the
+    /// other nodes' coefficients are zero.
+    #[inline(always)]
+    pub(crate) fn weighted_sums<M: MulAdd, const R: usize>(
+        self,
+        coefs: &[f32],
+        rows: &[f32],
+        stride_width: (usize, usize),
+        at: RowsAt,
+        out: &mut [f32],
+    ) {
+        match self {
+            Self::Every(n) => {
+                weighted_sums_of::<M, R, _>(coefs, rows, stride_width, at, Every(n), out)
+            }
+            Self::Listed(l) => weighted_sums_of::<M, R, _>(coefs, rows, stride_width, at, l, out),
+        }
+    }
+
+    /// [`head_weighted_sums`] over these nodes.
+    #[inline(always)]
+    pub(crate) fn head_weighted_sums<M: MulAdd>(
+        self,
+        coefs: &[f32],
+        values: &[f32],
+        sizes: (usize, usize, usize),
+        out: &mut [f32],
+    ) {
+        match self {
+            Self::Every(n) => head_weighted_sums::<M, _>(coefs, values, sizes, Every(n), out),
+            Self::Listed(l) => head_weighted_sums::<M, _>(coefs, values, sizes, l, out),
+        }
+    }
+}
+
+/// The nodes at which any of `R` rows of `mask` (`[R, n]`, non-zero = masked) is open:
+/// listed in `into` where that leaves out at least an eighth of them, else every node
+/// (reading an index per node costs more than the few multiply-adds it would save).
+/// Without a branch per node: which nodes are open follows no pattern a branch predictor
+/// could learn, and a mispredicted branch per node cost as much as the multiply-adds the
+/// list saves.
+#[inline(always)]
+pub(crate) fn open_nodes_of_any<'a, const R: usize>(
+    mask: &[u8],
+    n: usize,
+    into: &'a mut Vec<u32>,
+) -> OpenNodes<'a> {
+    if into.len() < n {
+        into.resize(n, 0);
+    }
+    let rows: [&[u8]; R] = std::array::from_fn(|r| &mask[r * n..(r + 1) * n]);
+    let mut count = 0;
+    for k in 0..n {
+        into[count] = k as u32;
+        let masked_in_all = rows
+            .iter()
+            .fold(1u8, |all, row| all & u8::from(row[k] != 0));
+        count += usize::from(masked_in_all == 0);
+    }
+    if 8 * count > 7 * n {
+        OpenNodes::Every(n)
+    } else {
+        OpenNodes::Listed(Listed(&into[..count]))
     }
 }
 
@@ -693,54 +823,59 @@ pub(crate) fn heads_fit(head_dim: usize) -> bool {
 }
 
 /// One row's weighted values for every head: `out[h·dk ..][..dk] = Σ_n coefs[h·N + n] ·
-/// values[n·H·dk + h·dk ..][..dk]`, where `coefs` is `[H, N]` and `values` `[N, H, dk]`.
-/// The heads' sums are independent chains, so [`HEAD_BLOCK`] heads go through the nodes
-/// together; each output is still summed in node order, as [`weighted_sums`] sums it.
-/// Call it only where [`heads_fit`] holds.
+/// values[n·H·dk + h·dk ..][..dk]` over the nodes `terms`, where `coefs` is `[H, N]` and
+/// `values` `[N, H, dk]`. The heads' sums are independent chains, so [`HEAD_BLOCK`] heads
+/// go through the nodes together; each output is still summed in node order, as
+/// [`weighted_sums`] sums it. Call it only where [`heads_fit`] holds.
 #[inline(always)]
-pub(crate) fn head_weighted_sums<M: MulAdd>(
+pub(crate) fn head_weighted_sums<M: MulAdd, T: Terms>(
     coefs: &[f32],
     values: &[f32],
     (nodes, heads, head_dim): (usize, usize, usize),
+    terms: T,
     out: &mut [f32],
 ) {
     let mut head = 0;
     while head < heads {
-        let at = (head, nodes, heads * head_dim);
+        let at = (head, nodes, heads * head_dim, terms);
         match ((heads - head).min(HEAD_BLOCK), head_dim / 8) {
-            (4, 2) => heads_block::<M, 4, 2>(coefs, values, at, out),
-            (4, _) => heads_block::<M, 4, 1>(coefs, values, at, out),
-            (3, 2) => heads_block::<M, 3, 2>(coefs, values, at, out),
-            (3, _) => heads_block::<M, 3, 1>(coefs, values, at, out),
-            (2, 2) => heads_block::<M, 2, 2>(coefs, values, at, out),
-            (2, _) => heads_block::<M, 2, 1>(coefs, values, at, out),
-            (_, 2) => heads_block::<M, 1, 2>(coefs, values, at, out),
-            (_, _) => heads_block::<M, 1, 1>(coefs, values, at, out),
+            (4, 2) => heads_block::<M, 4, 2, T>(coefs, values, at, out),
+            (4, _) => heads_block::<M, 4, 1, T>(coefs, values, at, out),
+            (3, 2) => heads_block::<M, 3, 2, T>(coefs, values, at, out),
+            (3, _) => heads_block::<M, 3, 1, T>(coefs, values, at, out),
+            (2, 2) => heads_block::<M, 2, 2, T>(coefs, values, at, out),
+            (2, _) => heads_block::<M, 2, 1, T>(coefs, values, at, out),
+            (_, 2) => heads_block::<M, 1, 2, T>(coefs, values, at, out),
+            (_, _) => heads_block::<M, 1, 1, T>(coefs, values, at, out),
         }
         head += HEAD_BLOCK;
     }
 }
 
 /// [`head_weighted_sums`] for heads `first..first + H` of `V` vectors each, at
-/// `(first, nodes, features per node)`.
+/// `(first, nodes, features per node, terms)`.
 #[inline(always)]
-fn heads_block<M: MulAdd, const H: usize, const V: usize>(
+fn heads_block<M: MulAdd, const H: usize, const V: usize, T: Terms>(
     coefs: &[f32],
     values: &[f32],
-    (first, nodes, stride): (usize, usize, usize),
+    (first, nodes, stride, terms): (usize, usize, usize, T),
     out: &mut [f32],
 ) {
     let head_dim = 8 * V;
     let mut acc = [[[0.0f32; 8]; V]; H];
-    if let Some(last) = nodes.checked_sub(1) {
-        // One bounds check each for every value row and coefficient the loop reads.
+    if let Some(last) = terms.last() {
+        // One bounds check each for every value row and coefficient the loop reads (the
+        // terms ascend: none is beyond the last).
         let start = first * head_dim;
         assert!(
             last * stride + start + H * head_dim <= values.len(),
             "values too short"
         );
-        assert!((first + H) * nodes <= coefs.len(), "coefficients too short");
-        for node in 0..nodes {
+        assert!(
+            last < nodes && (first + H) * nodes <= coefs.len(),
+            "coefficients too short"
+        );
+        for node in terms.iter() {
             for (h, acc) in acc.iter_mut().enumerate() {
                 // SAFETY: (first + h)·nodes + node < (first + H)·nodes (asserted).
                 let c = unsafe { *coefs.get_unchecked((first + h) * nodes + node) };
@@ -1093,6 +1228,25 @@ pub(crate) fn tensor(
 #[cfg(test)]
 pub(crate) type NamedOutputs = Vec<(&'static str, Vec<f32>)>;
 
+/// Of a kernel's three forms `[Plain, Fused, Wide]`, those this CPU can run: a test that
+/// calls a form directly, not through [`simd_dispatch`], would otherwise stop on an illegal
+/// instruction where the CPU lacks AVX-512 (or AVX2).
+#[cfg(test)]
+pub(crate) fn forms_this_cpu_runs<T>([plain, fused, wide]: [T; 3]) -> Vec<T> {
+    #[cfg(target_arch = "x86_64")]
+    let (can_fuse, can_widen) = (has_avx2_fma(), has_avx512());
+    #[cfg(not(target_arch = "x86_64"))]
+    let (can_fuse, can_widen) = (false, false);
+    let mut forms = vec![plain];
+    if can_fuse {
+        forms.push(fused);
+    }
+    if can_fuse && can_widen {
+        forms.push(wide);
+    }
+    forms
+}
+
 /// Runs a kernel in each form this CPU can run and checks the forms against each other:
 /// [`Wide`] must give [`Fused`]'s numbers bit for bit, and [`Plain`] (products and sums
 /// rounded apart) the same to 1e-4 relative. A machine picks one form at run time, so
@@ -1199,7 +1353,14 @@ mod tests {
             for head in 0..heads {
                 one_head(head, &mut want, false);
             }
-            head_weighted_sums::<Plain>(&coefs, &values, (nodes, heads, head_dim), &mut got);
+            let every = Every(nodes);
+            head_weighted_sums::<Plain, _>(
+                &coefs,
+                &values,
+                (nodes, heads, head_dim),
+                every,
+                &mut got,
+            );
             assert_eq!(got, want, "{nodes} nodes, {heads} heads of {head_dim}");
             #[cfg(target_arch = "x86_64")]
             if has_avx2_fma() {
@@ -1385,7 +1546,129 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     fn head_weighted_sums_avx2(c: &[f32], v: &[f32], sizes: (usize, usize, usize), o: &mut [f32]) {
-        head_weighted_sums::<Fused>(c, v, sizes, o)
+        head_weighted_sums::<Fused, _>(c, v, sizes, Every(sizes.0), o)
+    }
+
+    /// The open nodes of any of a block's rows, by hand: a node masked in every row is
+    /// left out, one open in any row kept; where few are left out, every node.
+    #[test]
+    fn open_nodes_of_any_row_by_hand() {
+        #[rustfmt::skip]
+        let mask = [
+            1, 0, 1, 1, 0,
+            1, 1, 1, 0, 0,
+        ];
+        let mut list = Vec::new();
+        let listed = |open: OpenNodes| match open {
+            OpenNodes::Listed(Listed(l)) => l.to_vec(),
+            OpenNodes::Every(n) => panic!("every one of {n} nodes"),
+        };
+        assert_eq!(
+            listed(open_nodes_of_any::<2>(&mask, 5, &mut list)),
+            [1, 3, 4]
+        );
+        assert_eq!(
+            listed(open_nodes_of_any::<1>(&mask[5..], 5, &mut list)),
+            [3, 4]
+        );
+        assert!(listed(open_nodes_of_any::<1>(&[1, 1], 2, &mut list)).is_empty());
+        // Fifteen of sixteen open: every node, not a list; seven of eight: a list.
+        let mut one_closed = [0u8; 16];
+        one_closed[3] = 1;
+        let fifteen = open_nodes_of_any::<1>(&one_closed, 16, &mut list);
+        assert!(matches!(fifteen, OpenNodes::Every(16)));
+        let seven = listed(open_nodes_of_any::<1>(&one_closed[..8], 8, &mut list));
+        assert_eq!(seven, [0, 1, 2, 4, 5, 6, 7]);
+    }
+
+    /// Sums over the nodes some row may choose are the sums over all nodes, bit for bit,
+    /// where the other nodes' coefficients are zero of either sign (as a masked node's
+    /// are), in the plain and fused forms, for row blocks of 1 to 8 and for one row's
+    /// heads together.
+    #[test]
+    fn sums_over_open_nodes_are_the_sums_over_all() {
+        let (nodes, heads, head_dim) = (37, 4, 16);
+        let d = heads * head_dim;
+        let values = crate::test_support::pseudo_random(nodes * d, 5, 1.0);
+        for seed in 0..4u64 {
+            let coefs = crate::test_support::pseudo_random(8 * heads * nodes, 6 + seed, 1.0);
+            // A third of the nodes closed in every row, and a quarter of the rest in each.
+            let mask: Vec<u8> = (0..8 * nodes)
+                .map(|i| (i / nodes, i % nodes))
+                .map(|(row, node)| {
+                    node.is_multiple_of(3) || (row * 7 + node * 5 + seed as usize).is_multiple_of(4)
+                })
+                .map(u8::from)
+                .collect();
+            // A row's coefficients for every head, zero (of either sign) where it is masked.
+            let masked: Vec<f32> = (coefs.iter().enumerate())
+                .map(|(i, &c)| {
+                    let (row, node) = (i / (heads * nodes), i % nodes);
+                    if mask[row * nodes + node] != 0 {
+                        0.0f32.copysign(c)
+                    } else {
+                        c
+                    }
+                })
+                .collect();
+            let at = RowsAt::contiguous(heads * nodes, nodes, d);
+            let mut list = Vec::new();
+            macro_rules! block {
+                ($m:ty, $r:literal) => {{
+                    let open = open_nodes_of_any::<$r>(&mask, nodes, &mut list);
+                    assert!(matches!(open, OpenNodes::Listed(_)), "{} rows", $r);
+                    let (mut all, mut listed) = (vec![0.0; $r * d], vec![0.0; $r * d]);
+                    for head in 0..heads {
+                        let (c, v) = (&masked[head * nodes..], &values[head * head_dim..]);
+                        let sw = (d, head_dim);
+                        weighted_sums::<$m, $r>(c, v, sw, at, &mut all[head * head_dim..]);
+                        let out = &mut listed[head * head_dim..];
+                        open.weighted_sums::<$m, $r>(c, v, sw, at, out);
+                    }
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&listed), bits(&all), "{} rows, seed {seed}", $r);
+                    if $r == 1 {
+                        let sizes = (nodes, heads, head_dim);
+                        open.head_weighted_sums::<$m>(&masked, &values, sizes, &mut listed);
+                        assert_eq!(bits(&listed), bits(&all), "heads together, seed {seed}");
+                    }
+                }};
+            }
+            block!(Plain, 1);
+            block!(Plain, 2);
+            block!(Plain, 4);
+            block!(Plain, 8);
+            #[cfg(target_arch = "x86_64")]
+            if has_avx2_fma() {
+                // SAFETY: the CPU has AVX2 and FMA (checked).
+                unsafe { listed_sums_avx2(&masked, &values, &mask, (nodes, heads, head_dim)) };
+            }
+        }
+    }
+
+    /// The fused and wide forms of [`sums_over_open_nodes_are_the_sums_over_all`].
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn listed_sums_avx2(coefs: &[f32], values: &[f32], mask: &[u8], sizes: (usize, usize, usize)) {
+        let (nodes, heads, head_dim) = sizes;
+        let d = heads * head_dim;
+        let at = RowsAt::contiguous(heads * nodes, nodes, d);
+        let mut list = Vec::new();
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let open = open_nodes_of_any::<4>(mask, nodes, &mut list);
+        let (mut all, mut listed) = (vec![0.0; 4 * d], vec![0.0; 4 * d]);
+        for head in 0..heads {
+            let (c, v) = (&coefs[head * nodes..], &values[head * head_dim..]);
+            weighted_sums::<Fused, 4>(c, v, (d, head_dim), at, &mut all[head * head_dim..]);
+            let out = &mut listed[head * head_dim..];
+            open.weighted_sums::<Fused, 4>(c, v, (d, head_dim), at, out);
+        }
+        assert_eq!(bits(&listed), bits(&all), "fused, 4 rows");
+        let open = open_nodes_of_any::<1>(mask, nodes, &mut list);
+        let sizes = (nodes, heads, head_dim);
+        head_weighted_sums::<Fused, _>(coefs, values, sizes, Every(nodes), &mut all);
+        open.head_weighted_sums::<Fused>(coefs, values, sizes, &mut listed);
+        assert_eq!(bits(&listed[..d]), bits(&all[..d]), "fused, heads together");
     }
 
     /// The largest kept value, by hand, and the same bits from both forms: signed zeros,

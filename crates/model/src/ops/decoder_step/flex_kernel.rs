@@ -30,7 +30,7 @@ mod forced;
 use rayon::prelude::*;
 
 use crate::ops::row_kernels::{
-    head_weighted_sums, heads_fit, kept_exp_sum, kept_max, masked_softmax_rows, padded,
+    heads_fit, kept_exp_sum, kept_max, masked_softmax_rows, open_nodes_of_any, padded,
     rows_in_block, simd_dispatch, unwritten, weighted_sums, MulAdd, RowsAt, MAX_ROW_BLOCK,
 };
 
@@ -275,6 +275,8 @@ simd_dispatch! {
 /// rows are not consecutive (forced rows between them).
 struct BlockScratch {
     lanes: Vec<f32>,
+    /// One row's open nodes.
+    open: Vec<u32>,
     /// `[MAX_ROW_BLOCK, d]` queries and `[MAX_ROW_BLOCK, N]` masks, gathered.
     query: Vec<f32>,
     mask: Vec<u8>,
@@ -295,6 +297,7 @@ impl BlockScratch {
         let rows = |len: usize| vec![0.0; MAX_ROW_BLOCK * len];
         Self {
             lanes: vec![0.0; 2 * MAX_ROW_BLOCK * padded(n)],
+            open: Vec::with_capacity(n),
             query: rows(d),
             mask: vec![0; MAX_ROW_BLOCK * n],
             outputs: BlockOut {
@@ -343,6 +346,7 @@ fn forward_piece<M: MulAdd>(
         k += count;
         let BlockScratch {
             lanes,
+            open,
             query,
             mask,
             outputs,
@@ -362,10 +366,10 @@ fn forward_piece<M: MulAdd>(
         };
         let x = (&query[..count * d], &mask[..count * n], &instance);
         match count {
-            8 => forward_rows::<M, 8>(dims, scale, x, rows_out, lanes),
-            4 => forward_rows::<M, 4>(dims, scale, x, rows_out, lanes),
-            2 => forward_rows::<M, 2>(dims, scale, x, rows_out, lanes),
-            _ => forward_rows::<M, 1>(dims, scale, x, rows_out, lanes),
+            8 => forward_rows::<M, 8>(dims, scale, x, rows_out, (lanes, open)),
+            4 => forward_rows::<M, 4>(dims, scale, x, rows_out, (lanes, open)),
+            2 => forward_rows::<M, 2>(dims, scale, x, rows_out, (lanes, open)),
+            _ => forward_rows::<M, 1>(dims, scale, x, rows_out, (lanes, open)),
         }
         if in_place.is_none() {
             out.write_back(rows, dims, outputs);
@@ -524,23 +528,27 @@ fn forward_rows<M: MulAdd, const R: usize>(
     scale: Scale,
     (query, mask, instance): RowsIn,
     out: RowsOut,
-    lanes: &mut [f32],
+    (lanes, open): (&mut [f32], &mut Vec<u32>),
 ) {
     let (n, h, dk, d) = (dims.nodes, dims.heads, dims.head_dim, dims.embed());
     let np = padded(n);
     attention_rows::<M, R>(dims, (query, mask, instance.keys_t), lanes, out.attention);
-    // The glimpse: each head's weighted values. A row alone takes its heads' together:
-    // one head's sums are only dk / 8 vectors, each multiply-add waiting on the one
-    // before.
+    // The glimpse: each head's weighted values, over the nodes some row of the block may
+    // choose (the others' weights are zero in every row). A row alone takes its heads'
+    // together: one head's sums are only dk / 8 vectors, each multiply-add waiting on the
+    // one before.
+    let nodes = open_nodes_of_any::<R>(mask, n, open);
     if R == 1 && heads_fit(dk) {
-        head_weighted_sums::<M>(out.attention, instance.values, (n, h, dk), out.glimpse);
+        let sizes = (n, h, dk);
+        nodes.head_weighted_sums::<M>(out.attention, instance.values, sizes, out.glimpse);
     } else {
         for head in 0..h {
             let by_attention = RowsAt::contiguous(h * n, n, d);
             let values = &instance.values[head * dk..];
             let attention = &out.attention[head * n..];
             let glimpse = &mut out.glimpse[head * dk..];
-            weighted_sums::<M, R>(attention, values, (d, dk), by_attention, glimpse);
+            let sums = (d, dk);
+            nodes.weighted_sums::<M, R>(attention, values, sums, by_attention, glimpse);
         }
     }
     // Single-head logits, clipped, masked, log-softmax, over the padded lanes.
@@ -981,6 +989,8 @@ struct BackScratch {
     d_logits: Vec<f32>,
     /// `[S, H, N]` each row's compatibility gradients.
     d_compat: Vec<f32>,
+    /// The nodes a block's rows may choose.
+    open: Vec<u32>,
 }
 
 impl BackScratch {
@@ -1057,20 +1067,18 @@ fn backward_rows<M: MulAdd, const R: usize>(
         d_glimpse,
         d_compat,
         d_logits,
+        open,
         ..
     } = scratch;
+    // The products over nodes take those some row of the block may choose: at the others
+    // every row's logit and compatibility gradients are zero.
+    let nodes = open_nodes_of_any::<R>(x.mask, n, open);
     // logits = glimpse · logit_keys[node]: the rows' glimpse gradients in one product
     // against the logit keys they share.
     let from_logits = RowsAt::contiguous(n, n, d);
     let dg_rows = &mut d_glimpse[first * d..(first + R) * d];
-    let logit_keys = instance.logit_keys;
-    weighted_sums::<M, R>(
-        &d_logits[first * n..],
-        logit_keys,
-        (d, d),
-        from_logits,
-        dg_rows,
-    );
+    let (logit_keys, d_logits) = (instance.logit_keys, &d_logits[first * n..]);
+    nodes.weighted_sums::<M, R>(d_logits, logit_keys, (d, d), from_logits, dg_rows);
     let from_glimpse = RowsAt::contiguous(d, dk, np);
     // Each head: glimpse_h = Σ a·v, a = softmax(q_h · k).
     for head in 0..h {
@@ -1094,13 +1102,8 @@ fn backward_rows<M: MulAdd, const R: usize>(
         let keys = &instance.keys[head * dk..];
         let from_compat = RowsAt::contiguous(h * n, n, d);
         let compat = &d_compat[(first * h + head) * n..];
-        weighted_sums::<M, R>(
-            compat,
-            keys,
-            (d, dk),
-            from_compat,
-            &mut d_query[head * dk..],
-        );
+        let d_query = &mut d_query[head * dk..];
+        nodes.weighted_sums::<M, R>(compat, keys, (d, dk), from_compat, d_query);
     }
 }
 
@@ -1235,7 +1238,9 @@ fn instance_grads_nodes<M: MulAdd, const R: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::row_kernels::{assert_forms_agree, Fused, NamedOutputs, Plain, Wide};
+    use crate::ops::row_kernels::{
+        assert_forms_agree, forms_this_cpu_runs, Fused, NamedOutputs, Plain, Wide,
+    };
     use crate::test_support::pseudo_random;
 
     /// A step's inputs and output gradient, fixed pseudo-random values; every third node
@@ -1392,11 +1397,11 @@ mod tests {
                 keep: true,
                 keep_attention: true,
             };
-            let kernels: [ForwardPiece; 3] = [
+            let kernels = forms_this_cpu_runs::<ForwardPiece>([
                 forward_piece::<Plain>,
                 forward_piece::<Fused>,
                 forward_piece::<Wide>,
-            ];
+            ]);
             for kernel in kernels {
                 let (expected, kept) = forward_with(dims, scale, &x, whole, kernel);
                 let kept = kept.expect("kept");
@@ -1432,7 +1437,7 @@ mod tests {
             BackwardInstance,
             fn(Dims, &Inputs, (usize, &[usize]), (&mut Vec<f32>, &mut Vec<f32>), &mut BackBlock),
         );
-        let forms: [Forms; 3] = [
+        let forms = forms_this_cpu_runs::<Forms>([
             (
                 forward_piece::<Plain>,
                 backward_instance::<Plain>,
@@ -1448,7 +1453,7 @@ mod tests {
                 backward_instance::<Wide>,
                 recompute_attention::<Wide>,
             ),
-        ];
+        ]);
         for (instances, starts, nodes) in [(3, 20, 21), (2, 7, 11), (3, 1, 21)] {
             let data = StepData::of_size(instances, starts, nodes);
             let dims = data.dims;
@@ -1458,7 +1463,7 @@ mod tests {
                 keep: true,
                 keep_attention: true,
             };
-            for (forward, backward, recompute) in forms {
+            for &(forward, backward, recompute) in &forms {
                 let (log_probs, saved) = forward_with(dims, scale, &x, pieces, forward);
                 let mut saved = saved.expect("kept");
                 let kept = saved.attention.clone().expect("attention kept");
