@@ -523,9 +523,9 @@ impl RowsAt {
 /// and a coefficient fill AVX2's 16 registers), two of 8 rows, four of a single row.
 /// Under [`Wide`] every lane is in 16-lane vectors, the last one partial (masked loads
 /// and stores); otherwise in 8-lane vectors, and lanes past a multiple of 8 one by one.
-/// Dense: the backward's coefficients are zero at masked nodes, but a branch per
-/// coefficient on the mask's pattern cost more than the multiply-adds it saved (and
-/// adding `x · 0` leaves a sum exactly as it was).
+/// Dense: a branch per coefficient on the mask's pattern cost more than the multiply-adds
+/// it saved; where whole nodes are closed to every row of a block, [`weighted_sums_of`]
+/// leaves them out by a list (adding `x · 0` leaves a sum exactly as it was).
 #[inline(always)]
 pub(crate) fn weighted_sums<M: MulAdd, const R: usize>(
     coefs: &[f32],
