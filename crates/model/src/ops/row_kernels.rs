@@ -540,7 +540,7 @@ pub(crate) fn weighted_sums<M: MulAdd, const R: usize>(
 /// [`weighted_sums`] over the terms `terms` alone (`at.count` unused): where the others'
 /// coefficients are zero, the same sums, with the multiply-adds that add `x · 0` left out.
 #[inline(always)]
-pub(crate) fn weighted_sums_of<M: MulAdd, const R: usize, T: Terms>(
+fn weighted_sums_of<M: MulAdd, const R: usize, T: Terms>(
     coefs: &[f32],
     rows: &[f32],
     (stride, width): (usize, usize),
@@ -672,7 +672,7 @@ fn weighted_rows_block<V: Lanes, const R: usize, const B: usize, T: Terms>(
 }
 
 /// Which terms k of a weighted sum are taken, in ascending order.
-pub(crate) trait Terms: Copy {
+trait Terms: Copy {
     fn iter(self) -> impl Iterator<Item = usize>;
     /// The largest k, if any.
     fn last(self) -> Option<usize>;
@@ -680,7 +680,7 @@ pub(crate) trait Terms: Copy {
 
 /// Every k below a count.
 #[derive(Clone, Copy)]
-pub(crate) struct Every(pub(crate) usize);
+struct Every(usize);
 
 impl Terms for Every {
     #[inline(always)]
@@ -828,7 +828,7 @@ pub(crate) fn heads_fit(head_dim: usize) -> bool {
 /// go through the nodes together; each output is still summed in node order, as
 /// [`weighted_sums`] sums it. Call it only where [`heads_fit`] holds.
 #[inline(always)]
-pub(crate) fn head_weighted_sums<M: MulAdd, T: Terms>(
+fn head_weighted_sums<M: MulAdd, T: Terms>(
     coefs: &[f32],
     values: &[f32],
     (nodes, heads, head_dim): (usize, usize, usize),
