@@ -275,7 +275,7 @@ simd_dispatch! {
 /// rows are not consecutive (forced rows between them).
 struct BlockScratch {
     lanes: Vec<f32>,
-    /// One row's open nodes.
+    /// The nodes some row of the block may choose ([`open_nodes_of_any`]).
     open: Vec<u32>,
     /// `[MAX_ROW_BLOCK, d]` queries and `[MAX_ROW_BLOCK, N]` masks, gathered.
     query: Vec<f32>,
