@@ -26,8 +26,8 @@ use crate::model::problem::{max_decode_steps, DeviceBatch};
 use crate::model::state::{CvrpState, LoadArithmetic};
 use crate::ops::decoder_step::fused_on;
 use crate::ops::decoder_step::{
-    fused_decode, fused_step, fused_step_from_context, fused_step_on_flex_from_context,
-    keys_by_feature, op_by_op, DecodeSpan, SeenSteps,
+    compat_tables, fused_decode, fused_step, fused_step_from_context,
+    fused_step_on_flex_from_context, keys_by_feature, op_by_op, DecodeSpan, SeenSteps,
 };
 use crate::ops::linear::matmul_rows;
 use crate::ops::linear::per_node;
@@ -161,6 +161,19 @@ impl DecodeRoute {
     }
 }
 
+/// A decode's compatibility tables at most: 512 MiB (a batch of 64 CVRP100 instances'
+/// are 21 MB; one CVRP1000 instance's 32 MB).
+const COMPAT_TABLE_BYTES: usize = 512 << 20;
+
+/// Whether a decode of `starts` rollouts per instance on `route` steps from compatibility
+/// tables ([`compat_tables`]): on flex's step from the context, for a multi-start decode
+/// (each instance's table, N² · d multiply-adds, is then paid back by its first two
+/// steps), where the batch's tables fit [`COMPAT_TABLE_BYTES`].
+fn uses_compat_tables(route: DecodeRoute, [b, n, heads]: [usize; 3], starts: usize) -> bool {
+    let bytes = b * (n + 1) * heads * n.div_ceil(8) * 8 * 4;
+    route.step() == StepForm::FusedFromContextOnFlex && starts > 1 && bytes <= COMPAT_TABLE_BYTES
+}
+
 impl AttentionModelConfig {
     pub fn init(&self, device: &Device) -> AttentionModel {
         let d = self.encoder.embed_dim;
@@ -235,6 +248,9 @@ pub struct Precomputed {
     /// `[B, 3d, Np]` the three above by feature, for the fused step (where the route
     /// runs it).
     by_feature: Option<Tensor<3>>,
+    /// `[B, (N + 1)·H, Np]` every compatibility a multi-start decode on flex can meet
+    /// ([`compat_tables`]), where [`uses_compat_tables`] says.
+    compat_tables: Option<Tensor<3>>,
     /// How the decode runs, decided once with the precomputation.
     route: DecodeRoute,
     /// Rollouts per instance: S = n for a multi-start decode, else 1.
@@ -313,6 +329,7 @@ impl Precomputed {
             glimpse_values: self.glimpse_values.clone().without_autodiff(),
             logit_keys: self.logit_keys.clone().without_autodiff(),
             by_feature: self.by_feature.clone().map(|t| t.without_autodiff()),
+            compat_tables: self.compat_tables.clone().map(|t| t.without_autodiff()),
             route: self.route,
             starts: self.starts,
             precision: self.precision,
@@ -621,6 +638,10 @@ impl AttentionModel {
         let by_feature = route
             .is_fused()
             .then(|| keys_by_feature(&glimpse_keys, &glimpse_values, &logit_keys));
+        let compat_tables = uses_compat_tables(route, [b, n, heads], starts).then(|| {
+            let contexts = [&fixed_context, &last_node_context, &capacity_context];
+            compat_tables(contexts.map(Tensor::clone), &glimpse_keys)
+        });
         Precomputed {
             fixed_context,
             last_node_context,
@@ -629,6 +650,7 @@ impl AttentionModel {
             glimpse_values,
             logit_keys,
             by_feature,
+            compat_tables,
             route,
             starts,
             precision: p,
@@ -702,6 +724,7 @@ impl AttentionModel {
                 tables,
                 by_feature(),
                 mask,
+                pre.compat_tables.clone(),
                 self.tanh_clipping,
                 temperature,
             );

@@ -7,7 +7,7 @@ use burn::backend::Flex;
 use burn_flex::FlexTensor;
 
 use super::flex_context::{self, ContextDims, ContextIn};
-use super::flex_kernel::{self, Dims, Inputs, Saved, Scale};
+use super::flex_kernel::{self, CompatTables, Dims, Inputs, Saved, Scale};
 use super::{ContextStepBackend, DecoderStepBackend};
 use crate::ops::row_kernels::{floats, node_indices, tensor};
 
@@ -20,6 +20,9 @@ pub struct StepTensors {
     logit_keys: FlexTensor,
     by_feature: FlexTensor,
     mask: FlexTensor,
+    /// Where the step is made from the context with compatibility tables: the tables
+    /// `[B, (N + 1)·H, Np]` and each row's node and remaining capacity fraction.
+    compat: Option<(FlexTensor, RowContexts)>,
     dims: Dims,
     scale: Scale,
 }
@@ -41,6 +44,7 @@ impl StepTensors {
             logit_keys: contiguous(logit_keys),
             by_feature: contiguous(by_feature),
             mask: contiguous(mask),
+            compat: None,
             dims: Dims {
                 instances: b,
                 starts: s,
@@ -61,6 +65,11 @@ impl StepTensors {
             logit_keys: floats(&self.logit_keys),
             by_feature: floats(&self.by_feature),
             mask: &self.mask.storage::<u8>()[mask_bytes.0..mask_bytes.1],
+            compat: self.compat.as_ref().map(|(tables, rows)| CompatTables {
+                tables: floats(tables),
+                last_node: &rows.last_node,
+                remaining: &rows.remaining,
+            }),
         }
     }
 
@@ -251,17 +260,25 @@ impl RowContexts {
 }
 
 /// The step's tensors from the context: its queries made, then as [`StepTensors`].
+///
+/// `compat_tables` (`[B, (N + 1)·H, Np]`, or `[B, 0, ·]` where the decode has none) are
+/// the compatibilities the forward pass reads instead of the queries' products with the
+/// keys ([`CompatTables`]), and then the backward pass gives their gradient in place of
+/// the context's and the keys'.
 fn context_step(
     [fixed, nodes, capacity]: [FlexTensor; 3],
     (last_node, remaining): (FlexTensor, FlexTensor),
     tables: [FlexTensor; 3],
-    [by_feature, mask]: [FlexTensor; 2],
+    [by_feature, mask, compat_tables]: [FlexTensor; 3],
     scale: Scale,
 ) -> (StepTensors, RowContexts) {
     let rows = RowContexts::new(last_node, remaining, &nodes);
     let query = rows.queries([&fixed, &nodes, &capacity]);
     let [keys, values, logit_keys] = tables;
-    let step = StepTensors::new([query, keys, values, logit_keys], [by_feature, mask], scale);
+    let mut step = StepTensors::new([query, keys, values, logit_keys], [by_feature, mask], scale);
+    if compat_tables.layout().shape()[1] > 0 {
+        step.compat = Some((compat_tables.to_contiguous(), rows.clone()));
+    }
     (step, rows)
 }
 
@@ -277,6 +294,7 @@ impl ContextStepBackend for Flex {
         logit_keys: FloatTensor<Self>,
         by_feature: FloatTensor<Self>,
         mask: BoolTensor<Self>,
+        compat_tables: FloatTensor<Self>,
         tanh_clipping: f32,
         temperature: f32,
     ) -> FloatTensor<Self> {
@@ -284,7 +302,7 @@ impl ContextStepBackend for Flex {
             [fixed_context, last_node_context, capacity_context],
             (last_node, remaining),
             [glimpse_keys, glimpse_values, logit_keys],
-            [by_feature, mask],
+            [by_feature, mask, compat_tables],
             Scale::new(tanh_clipping, temperature),
         );
         step.log_probs()
@@ -294,14 +312,14 @@ impl ContextStepBackend for Flex {
 #[derive(Debug)]
 struct ContextStepBackward;
 
-impl Backward<Flex, 6> for ContextStepBackward {
+impl Backward<Flex, 7> for ContextStepBackward {
     /// The step's tensors, the rows' contexts, the output and the forward pass's
     /// intermediates.
     type State = (StepTensors, RowContexts, FlexTensor, Saved);
 
     fn backward(
         self,
-        ops: Ops<Self::State, 6>,
+        ops: Ops<Self::State, 7>,
         grads: &mut Gradients,
         _checkpointer: &mut Checkpointer,
     ) {
@@ -315,19 +333,29 @@ impl Backward<Flex, 6> for ContextStepBackward {
             &saved,
             floats(&grad_out),
         );
-        let [fixed, nodes, capacity] = rows.grads(&g.query);
-        let tables = [
-            (g.glimpse_keys, step.glimpse_keys.layout().shape().clone()),
-            (
-                g.glimpse_values,
-                step.glimpse_values.layout().shape().clone(),
-            ),
-            (g.logit_keys, step.logit_keys.layout().shape().clone()),
+        let shape = |t: &FlexTensor| t.layout().shape().clone();
+        let [values, logit_keys] = [
+            tensor(g.glimpse_values, shape(&step.glimpse_values)),
+            tensor(g.logit_keys, shape(&step.logit_keys)),
         ];
-        let tables = tables.map(|(grad, shape)| tensor(grad, shape));
-        let values = [fixed, nodes, capacity].into_iter().chain(tables);
+        // With compatibility tables the context and the keys reach this step only through
+        // them: their gradients are the tables' (once a decode, by autodiff), not these.
+        let [fixed, nodes, capacity, keys] = match &step.compat {
+            Some(_) => [None, None, None, None],
+            None => {
+                let [fixed, nodes, capacity] = rows.grads(&g.query);
+                let keys = tensor(g.glimpse_keys, shape(&step.glimpse_keys));
+                [Some(fixed), Some(nodes), Some(capacity), Some(keys)]
+            }
+        };
+        let compat_tables = step
+            .compat
+            .as_ref()
+            .map(|(tables, _)| tensor(g.compat_tables, shape(tables)));
+        let values = [fixed, nodes, capacity, keys, Some(values), Some(logit_keys)];
+        let values = values.into_iter().chain([compat_tables]);
         for (parent, grad) in ops.parents.into_iter().zip(values) {
-            if let Some(node) = parent {
+            if let (Some(node), Some(grad)) = (parent, grad) {
                 grads.register::<Flex>(node.id, grad);
             }
         }
@@ -346,6 +374,7 @@ impl<C: CheckpointStrategy> ContextStepBackend for Autodiff<Flex, C> {
         logit_keys: FloatTensor<Self>,
         by_feature: FloatTensor<Self>,
         mask: BoolTensor<Self>,
+        compat_tables: FloatTensor<Self>,
         tanh_clipping: f32,
         temperature: f32,
     ) -> FloatTensor<Self> {
@@ -358,6 +387,7 @@ impl<C: CheckpointStrategy> ContextStepBackend for Autodiff<Flex, C> {
             glimpse_keys.node(),
             glimpse_values.node(),
             logit_keys.node(),
+            compat_tables.node(),
         ];
         let (step, rows) = context_step(
             [
@@ -371,7 +401,11 @@ impl<C: CheckpointStrategy> ContextStepBackend for Autodiff<Flex, C> {
                 glimpse_values.into_primitive(),
                 logit_keys.into_primitive(),
             ],
-            [by_feature.into_primitive(), mask],
+            [
+                by_feature.into_primitive(),
+                mask,
+                compat_tables.into_primitive(),
+            ],
             Scale::new(tanh_clipping, temperature),
         );
         match ContextStepBackward

@@ -24,6 +24,12 @@
 //!
 //! Rows with one node open (finished tours, forced returns to the depot) are left out of
 //! both passes: their outputs are known exactly ([`forced`]).
+//!
+//! A multi-start decode reads its compatibilities from tables ([`CompatTables`]) made
+//! once a decode, and its backward pass gives the tables' gradient in place of the
+//! queries' and keys': two of the step's N · d products a row in the forward pass
+//! (the compatibilities, and their recomputation where the attention weights are not
+//! kept) and two in the backward (the query and key gradients) become 2 H · N operations.
 
 mod forced;
 
@@ -79,6 +85,76 @@ pub(crate) struct Inputs<'a> {
     /// `[B, 3d, Np]`
     pub(crate) by_feature: &'a [f32],
     pub(crate) mask: &'a [u8],
+    /// Where given, the compatibilities come from these tables instead of the queries'
+    /// products with the keys ([`CompatTables`]).
+    pub(crate) compat: Option<CompatTables<'a>>,
+}
+
+/// Every compatibility a multi-start decode can meet, made once per decode.
+///
+/// A row's query is its instance's fixed context + its node's context row + its remaining
+/// capacity fraction · the capacity's weight row, so its compatibility with node j in head
+/// h is linear in those: `(fixed + node ℓ) · key(j, h) + remaining · (capacity · key(j, h))`.
+/// The first term is one of N rows of a table per instance and the second one row more;
+/// both are made once (N² · d multiply-adds an instance), where every step's rows took
+/// N · d each (an instance's S rows, ~1.3 N steps: S · 1.3 · N² · d). A row's
+/// compatibilities are then its node's row of the table plus its remaining capacity times
+/// the last row, 2 H · N operations where the product was N · d.
+#[derive(Clone, Copy)]
+pub(crate) struct CompatTables<'a> {
+    /// `[B, (N + 1) · H, Np]`: instance i's row ℓ · H + h is `(fixed + node ℓ)` against
+    /// head h's keys of every node, row N · H + h the capacity row against them (keys
+    /// already divided by √dk; zero past N).
+    pub(crate) tables: &'a [f32],
+    /// `[R]` the node each row stands at, within its instance.
+    pub(crate) last_node: &'a [usize],
+    /// `[R]` each row's remaining capacity fraction.
+    pub(crate) remaining: &'a [f32],
+}
+
+/// Where a block of rows' compatibilities come from: `[R, d]` queries against the keys by
+/// feature (`[H·dk, Np]`), or the instance's compatibility table (`[(N + 1)·H, Np]`) at
+/// each row's node and remaining capacity fraction.
+#[derive(Clone, Copy)]
+enum CompatIn<'a> {
+    Products {
+        query: &'a [f32],
+        keys_t: &'a [f32],
+    },
+    Tables {
+        table: &'a [f32],
+        rows: [(usize, f32); MAX_ROW_BLOCK],
+    },
+}
+
+impl<'a> CompatIn<'a> {
+    /// A block's source from the batch's rows `at + r` (r in `rows`) of instance `i`,
+    /// where it has tables; else from `query`, the block's queries.
+    fn of(
+        x: &Inputs<'a>,
+        dims: Dims,
+        (i, at, rows): (usize, usize, &[usize]),
+        query: &'a [f32],
+    ) -> Self {
+        let n = dims.nodes;
+        match &x.compat {
+            Some(c) => {
+                let len = table_len(dims);
+                let mut block = [(0, 0.0); MAX_ROW_BLOCK];
+                for (slot, &r) in block.iter_mut().zip(rows) {
+                    *slot = (c.last_node[at + r], c.remaining[at + r]);
+                }
+                Self::Tables {
+                    table: &c.tables[i * len..(i + 1) * len],
+                    rows: block,
+                }
+            }
+            None => Self::Products {
+                query,
+                keys_t: &by_feature_block(x, dims, i)[..dims.embed() * padded(n)],
+            },
+        }
+    }
 }
 
 /// What the forward pass computes, kept for the backward pass.
@@ -94,12 +170,22 @@ pub(crate) struct Saved {
     pub(crate) tanh: Vec<f32>,
 }
 
-/// Gradients of the four float inputs, in their layouts.
+/// Gradients of the four float inputs, in their layouts, and of the compatibility
+/// tables where the step reads them. With tables the queries and keys reach the
+/// compatibilities only through them: their gradients here are zeros, and the tables'
+/// (summed over a decode's steps by autodiff) carry them, paid once a decode.
 pub(crate) struct Grads {
     pub(crate) query: Vec<f32>,
     pub(crate) glimpse_keys: Vec<f32>,
     pub(crate) glimpse_values: Vec<f32>,
     pub(crate) logit_keys: Vec<f32>,
+    /// `[B, (N + 1)·H, Np]` where the step has [`CompatTables`], else empty.
+    pub(crate) compat_tables: Vec<f32>,
+}
+
+/// One instance's compatibility table's length, `(N + 1)·H·Np`.
+fn table_len(dims: Dims) -> usize {
+    (dims.nodes + 1) * dims.heads * padded(dims.nodes)
 }
 
 /// tanh on eight lanes through [`MulAdd::exp8`]: 1 − 2 / (e^{2x} + 1). Absolute error
@@ -173,8 +259,9 @@ const KEPT_ATTENTION_BYTES: usize = 512 << 20;
 /// Whether the forward pass keeps the attention weights for the backward pass: when a
 /// decode of about N steps would keep at most [`KEPT_ATTENTION_BYTES`] of them. They
 /// were two thirds of what a training decode kept (4.8 GB of a POMO CVRP100 step's
-/// peak); recomputed, they cost one of the forward pass's three products and its
-/// softmaxes again, ~8% of a step where keeping them is cheap (n = 20).
+/// peak); recomputed, they cost one of the forward pass's three products (with
+/// [`CompatTables`], a lookup) and its softmaxes again, ~8% of a step where keeping them
+/// is cheap (n = 20).
 fn keeps_attention(dims: Dims) -> bool {
     let per_step = dims.rows() * dims.heads * dims.nodes;
     per_step.saturating_mul(dims.nodes).saturating_mul(4) <= KEPT_ATTENTION_BYTES
@@ -364,7 +451,8 @@ fn forward_piece<M: MulAdd>(
                 (&query[..], &mask[..], outputs.front(count, dims))
             }
         };
-        let x = (&query[..count * d], &mask[..count * n], &instance);
+        let compat = CompatIn::of(x, dims, (i, at, rows), &query[..count * d]);
+        let x = (compat, &mask[..count * n], &instance);
         match count {
             8 => forward_rows::<M, 8>(dims, scale, x, rows_out, (lanes, open)),
             4 => forward_rows::<M, 4>(dims, scale, x, rows_out, (lanes, open)),
@@ -458,8 +546,6 @@ fn scatter_rows(gathered: &[f32], width: usize, rows: &[usize], out: &mut [f32])
 
 /// What a forward row reads of its instance.
 struct InstanceIn<'a> {
-    /// `[H·dk, Np]`
-    keys_t: &'a [f32],
     /// `[N, H, dk]`
     values: &'a [f32],
     /// `[d, Np]`
@@ -469,17 +555,16 @@ struct InstanceIn<'a> {
 impl<'a> InstanceIn<'a> {
     fn of(x: &Inputs<'a>, dims: Dims, i: usize) -> Self {
         let (n, d) = (dims.nodes, dims.embed());
-        let (keys_t, rest) = by_feature_block(x, dims, i).split_at(d * padded(n));
+        let rest = &by_feature_block(x, dims, i)[d * padded(n)..];
         Self {
-            keys_t,
             values: &x.glimpse_values[i * n * d..(i + 1) * n * d],
             logit_keys_t: &rest[..d * padded(n)],
         }
     }
 }
 
-/// Consecutive rows' queries `[rows, d]` and masks `[rows, N]`, and their instance.
-type RowsIn<'a> = (&'a [f32], &'a [u8], &'a InstanceIn<'a>);
+/// A block's compatibilities' source and masks `[rows, N]`, and their instance.
+type RowsIn<'a> = (CompatIn<'a>, &'a [u8], &'a InstanceIn<'a>);
 
 /// Consecutive rows' outputs, each `[rows, ·]`.
 struct RowsOut<'a> {
@@ -490,14 +575,14 @@ struct RowsOut<'a> {
 }
 
 /// `R` rows' attention weights `[R, H, N]` (0 at masked nodes): each head's softmax of
-/// the query against the keys of the nodes the row may choose. `lanes` is two
+/// the rows' compatibilities (`compat`) with the nodes the row may choose. `lanes` is two
 /// `[MAX_ROW_BLOCK, Np]` blocks; the second is left holding which nodes each row may
 /// choose. The backward pass recomputes the weights with this function, so it gets the
 /// forward pass's bits.
 #[inline(always)]
 fn attention_rows<M: MulAdd, const R: usize>(
     dims: Dims,
-    (query, mask, keys_t): (&[f32], &[u8], &[f32]),
+    (compat, mask): (CompatIn, &[u8]),
     lanes: &mut [f32],
     attention: &mut [f32],
 ) {
@@ -512,9 +597,23 @@ fn attention_rows<M: MulAdd, const R: usize>(
         keep[n..].fill(0.0);
     }
     for head in 0..h {
-        let keys = &keys_t[head * dk * np..];
-        let lane_rows = RowsAt::contiguous(d, dk, np);
-        weighted_sums::<M, R>(&query[head * dk..], keys, (np, np), lane_rows, lanes);
+        match compat {
+            CompatIn::Products { query, keys_t } => {
+                let keys = &keys_t[head * dk * np..];
+                let lane_rows = RowsAt::contiguous(d, dk, np);
+                weighted_sums::<M, R>(&query[head * dk..], keys, (np, np), lane_rows, lanes);
+            }
+            CompatIn::Tables { table, rows } => {
+                let capacity = &table[(n * h + head) * np..][..np];
+                for (r, &(node, remaining)) in rows.iter().enumerate().take(R) {
+                    let at_node = &table[(node * h + head) * np..][..np];
+                    let out = &mut lanes[r * np..(r + 1) * np];
+                    for ((z, &t), &c) in out.iter_mut().zip(at_node).zip(capacity) {
+                        *z = M::mul_add(remaining, c, t);
+                    }
+                }
+            }
+        }
         let attention = &mut attention[head * n..];
         masked_softmax_rows::<M, R>((lanes, keep), np, attention, (n, h * n));
     }
@@ -526,13 +625,13 @@ fn attention_rows<M: MulAdd, const R: usize>(
 fn forward_rows<M: MulAdd, const R: usize>(
     dims: Dims,
     scale: Scale,
-    (query, mask, instance): RowsIn,
+    (compat, mask, instance): RowsIn,
     out: RowsOut,
     (lanes, open): (&mut [f32], &mut Vec<u32>),
 ) {
     let (n, h, dk, d) = (dims.nodes, dims.heads, dims.head_dim, dims.embed());
     let np = padded(n);
-    attention_rows::<M, R>(dims, (query, mask, instance.keys_t), lanes, out.attention);
+    attention_rows::<M, R>(dims, (compat, mask), lanes, out.attention);
     // The glimpse: each head's weighted values, over the nodes some row of the block may
     // choose (the others' weights are zero in every row). A row alone takes its heads'
     // together: one head's sums are only dk / 8 vectors, each multiply-add waiting on the
@@ -642,6 +741,11 @@ fn backward_with(
     instance_kernel: BackwardInstance,
 ) -> Grads {
     let (n, d, s) = (dims.nodes, dims.embed(), dims.starts);
+    // Without tables, each instance's chunk of them is one value nothing reads.
+    let tables = match from.x.compat {
+        Some(_) => table_len(dims),
+        None => 1,
+    };
     // Each is written once: by the kernels, or as zeros for forced rows and for
     // instances with no other (`forced::backward_unit`).
     let mut grads = Grads {
@@ -649,20 +753,25 @@ fn backward_with(
         glimpse_keys: unwritten(dims.instances * n * d),
         glimpse_values: unwritten(dims.instances * n * d),
         logit_keys: unwritten(dims.instances * n * d),
+        compat_tables: unwritten(dims.instances * tables),
     };
     let per_instance = grads
         .query
         .par_chunks_mut(s * d)
         .zip(grads.glimpse_keys.par_chunks_mut(n * d))
         .zip(grads.glimpse_values.par_chunks_mut(n * d))
-        .zip(grads.logit_keys.par_chunks_mut(n * d));
+        .zip(grads.logit_keys.par_chunks_mut(n * d))
+        .zip(grads.compat_tables.par_chunks_mut(tables));
     per_instance.enumerate().for_each_init(
         BackBuffers::default,
-        |buffers, (i, (((dq, dk), dv), dl))| {
+        |buffers, (i, ((((dq, dk), dv), dl), dt))| {
             let kernel = (instance_kernel, buffers);
-            forced::backward_unit(dims, scale, (from, i), (dq, dk, dv, dl), kernel);
+            forced::backward_unit(dims, scale, (from, i), (dq, dk, dv, dl, dt), kernel);
         },
     );
+    if from.x.compat.is_none() {
+        grads.compat_tables.clear();
+    }
     grads
 }
 
@@ -675,8 +784,15 @@ struct BackIn<'a> {
     grad_out: &'a [f32],
 }
 
-/// Instance `i`'s gradients `(query, keys, values, logit keys)`, each its own block.
-type InstanceGradsOut<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [f32], &'a mut [f32]);
+/// Instance `i`'s gradients `(query, keys, values, logit keys, compatibility table)`, each
+/// its own block (the table's one unread value where the step has none).
+type InstanceGradsOut<'a> = (
+    &'a mut [f32],
+    &'a mut [f32],
+    &'a mut [f32],
+    &'a mut [f32],
+    &'a mut [f32],
+);
 
 simd_dispatch! {
     /// [`backward_instance`] in the best form the CPU allows.
@@ -698,7 +814,7 @@ fn backward_instance<M: MulAdd>(
     dims: Dims,
     scale: Scale,
     (from, i): (&BackIn, usize),
-    (dq, dk, dv, dl): InstanceGradsOut,
+    (dq, dk, dv, dl, dt): InstanceGradsOut,
     buffers: &mut BackBuffers,
     live: &[usize],
 ) {
@@ -736,6 +852,7 @@ fn backward_instance<M: MulAdd>(
         query: instance_rows(x.query, d, (at, live), every, query),
         glimpse: instance_rows(&saved.glimpse, d, (at, live), every, glimpse),
         attention,
+        from_tables: x.compat.is_some(),
     };
     backward_blocks::<M>(
         dims,
@@ -746,6 +863,37 @@ fn backward_instance<M: MulAdd>(
         (scratch, block),
     );
     instance_grads::<M>(live_dims, &instance, scratch, (dk, dv, dl));
+    if let Some(compat) = &x.compat {
+        table_grads(dims, (compat, at, live), &scratch.d_compat, dt);
+    }
+}
+
+/// The instance's compatibility table's gradient `[(N + 1)·H, Np]` from its live rows'
+/// (`at + r`, r in `live`) compatibility gradients `[L, H, N]`: each row's added to its
+/// node's rows, and times its remaining capacity fraction to the capacity's, in row order.
+fn table_grads(
+    dims: Dims,
+    (compat, at, live): (&CompatTables, usize, &[usize]),
+    d_compat: &[f32],
+    out: &mut [f32],
+) {
+    let (n, h) = (dims.nodes, dims.heads);
+    let np = padded(n);
+    out.fill(0.0);
+    for (k, &r) in live.iter().enumerate() {
+        let (node, remaining) = (compat.last_node[at + r], compat.remaining[at + r]);
+        for head in 0..h {
+            let grad = &d_compat[(k * h + head) * n..][..n];
+            let at_node = &mut out[(node * h + head) * np..][..n];
+            for (t, &g) in at_node.iter_mut().zip(grad) {
+                *t += g;
+            }
+            let capacity = &mut out[(n * h + head) * np..][..n];
+            for (t, &g) in capacity.iter_mut().zip(grad) {
+                *t += remaining * g;
+            }
+        }
+    }
 }
 
 /// [`backward_instance`]'s rows `live` (from the batch's row `at`), in blocks: their
@@ -842,7 +990,6 @@ fn recompute_attention<M: MulAdd>(
     block: &mut BackBlock,
 ) {
     let (n, h, d, s) = (dims.nodes, dims.heads, dims.embed(), dims.starts);
-    let keys_t = &by_feature_block(x, dims, i)[..d * padded(n)];
     // Every weight is written before it is read: only the growth is zeroed.
     at_least(attention, live.len() * h * n);
     lanes.resize(2 * MAX_ROW_BLOCK * padded(n), 0.0);
@@ -863,12 +1010,14 @@ fn recompute_attention<M: MulAdd>(
                 )
             }
             None => {
-                gather_rows(x.query, d, at, rows, &mut block.query);
+                if x.compat.is_none() {
+                    gather_rows(x.query, d, at, rows, &mut block.query);
+                }
                 gather_rows(x.mask, n, at, rows, &mut block.saved.mask);
                 (&block.query[..count * d], &block.saved.mask[..count * n])
             }
         };
-        let rows = (query, mask, keys_t);
+        let rows = (CompatIn::of(x, dims, (i, at, rows), query), mask);
         let (lanes, out) = (
             &mut lanes[..],
             &mut attention[j * h * n..(j + count) * h * n],
@@ -896,6 +1045,9 @@ struct InstanceBack<'a> {
     glimpse: &'a [f32],
     /// `[S, H, N]` the instance's rows' attention weights.
     attention: &'a [f32],
+    /// Whether the compatibilities came from [`CompatTables`]: the queries and keys then
+    /// get no gradient here (the tables' carries it).
+    from_tables: bool,
 }
 
 /// The backward pass's working memory, kept from one instance to the next by each of
@@ -1059,6 +1211,9 @@ fn backward_rows<M: MulAdd, const R: usize>(
 ) {
     let (n, h, dk, d) = (dims.nodes, dims.heads, dims.head_dim, dims.embed());
     let np = padded(n);
+    if instance.from_tables {
+        d_query[..R * d].fill(0.0);
+    }
     for r in 0..R {
         logit_grads_row::<M>(dims, scale, (first + r, r, x), scratch);
     }
@@ -1096,6 +1251,9 @@ fn backward_rows<M: MulAdd, const R: usize>(
             for ((c, &a), &da) in row_compat.iter_mut().zip(attention[r]).zip(da) {
                 *c = a * (da - weighted[r]);
             }
+        }
+        if instance.from_tables {
+            continue;
         }
         // The rows' query gradients (only this head writes these lanes): one product
         // of the block's rows against the keys they share.
@@ -1224,6 +1382,12 @@ fn instance_grads_nodes<M: MulAdd, const R: usize>(
         let attention = &instance.attention[column..];
         let values_out = &mut d_values[out..];
         weighted_sums::<M, R>(attention, d_glimpse, (d, dk), over_rows(h * n), values_out);
+        if instance.from_tables {
+            for node in 0..R {
+                d_keys[out + node * d..][..dk].fill(0.0);
+            }
+            continue;
+        }
         let query = &instance.query[head * dk..];
         let d_compat = &scratch.d_compat[column..];
         weighted_sums::<M, R>(
@@ -1254,9 +1418,27 @@ mod tests {
         by_feature: Vec<f32>,
         pub(super) mask: Vec<u8>,
         pub(super) grad_out: Vec<f32>,
+        /// Compatibility tables `[B, (N + 1)·H, Np]` and each row's node and remaining
+        /// capacity fraction, where the step reads them ([`StepData::with_tables`]).
+        tables: Option<(Vec<f32>, Vec<usize>, Vec<f32>)>,
     }
 
     impl StepData {
+        /// The same step with its compatibilities read from pseudo-random tables (zero
+        /// past N), its rows at nodes that repeat (the depot most).
+        pub(super) fn with_tables(mut self) -> Self {
+            let (n, rows) = (self.dims.nodes, self.dims.rows());
+            let np = padded(n);
+            let mut tables = pseudo_random(self.dims.instances * table_len(self.dims), 6, 2.0);
+            for row in tables.chunks_exact_mut(np) {
+                row[n..].fill(0.0);
+            }
+            let last_node = (0..rows).map(|r| ((r * r) % (n + 2)).min(n - 1)).collect();
+            let remaining = (0..rows).map(|r| 1.0 - (r % 5) as f32 * 0.2).collect();
+            self.tables = Some((tables, last_node, remaining));
+            self
+        }
+
         fn new(dims: Dims) -> Self {
             let (rows, n, d, b) = (dims.rows(), dims.nodes, dims.embed(), dims.instances);
             let query = pseudo_random(rows * d, 1, 0.5);
@@ -1286,6 +1468,7 @@ mod tests {
                 by_feature,
                 mask,
                 grad_out,
+                tables: None,
             }
         }
 
@@ -1308,6 +1491,14 @@ mod tests {
                 logit_keys: &self.logit_keys,
                 by_feature: &self.by_feature,
                 mask: &self.mask,
+                compat: self
+                    .tables
+                    .as_ref()
+                    .map(|(tables, last_node, remaining)| CompatTables {
+                        tables,
+                        last_node,
+                        remaining,
+                    }),
             }
         }
 
@@ -1334,6 +1525,7 @@ mod tests {
                 &grads.glimpse_keys,
                 &grads.glimpse_values,
                 &grads.logit_keys,
+                &grads.compat_tables,
             ];
             for g in all {
                 assert!(g.iter().all(|v| v.is_finite()), "{:?}", self.dims);
@@ -1354,6 +1546,7 @@ mod tests {
                 ("d_keys", grads.glimpse_keys),
                 ("d_values", grads.glimpse_values),
                 ("d_logit_keys", grads.logit_keys),
+                ("d_compat_tables", grads.compat_tables),
             ]
         }
     }
@@ -1368,14 +1561,17 @@ mod tests {
         for (instances, starts, nodes) in
             [(3, 20, 21), (2, 7, 11), (3, 1, 21), (2, 15, 16), (2, 3, 5)]
         {
-            let data = StepData::of_size(instances, starts, nodes);
-            let dims = data.dims;
-            assert_forms_agree(
-                &format!("{dims:?}"),
-                || data.run((forward_piece::<Plain>, backward_instance::<Plain>)),
-                || data.run((forward_piece::<Fused>, backward_instance::<Fused>)),
-                || data.run((forward_piece::<Wide>, backward_instance::<Wide>)),
-            );
+            let plain = StepData::of_size(instances, starts, nodes);
+            let tables = StepData::of_size(instances, starts, nodes).with_tables();
+            for data in [plain, tables] {
+                let (dims, tables) = (data.dims, data.tables.is_some());
+                assert_forms_agree(
+                    &format!("{dims:?}, tables {tables}"),
+                    || data.run((forward_piece::<Plain>, backward_instance::<Plain>)),
+                    || data.run((forward_piece::<Fused>, backward_instance::<Fused>)),
+                    || data.run((forward_piece::<Wide>, backward_instance::<Wide>)),
+                );
+            }
         }
     }
 
@@ -1388,9 +1584,13 @@ mod tests {
     /// not: the same log-probabilities and kept values, bit for bit, in each form.
     #[test]
     fn pieces_give_the_same_numbers() {
-        for (instances, starts, nodes) in [(1, 37, 21), (3, 20, 11), (2, 1, 5)] {
-            let data = StepData::of_size(instances, starts, nodes);
-            let dims = data.dims;
+        let sizes = [(1, 37, 21), (3, 20, 11), (2, 1, 5)];
+        let cases = sizes.into_iter().flat_map(|(instances, starts, nodes)| {
+            let data = || StepData::of_size(instances, starts, nodes);
+            [data(), data().with_tables()]
+        });
+        for data in cases {
+            let (dims, starts) = (data.dims, data.dims.starts);
             let (scale, x) = (Scale::new(10.0, 1.0), data.inputs());
             let whole = Pieces {
                 rows: starts.next_multiple_of(MAX_ROW_BLOCK),
@@ -1454,9 +1654,13 @@ mod tests {
                 recompute_attention::<Wide>,
             ),
         ]);
-        for (instances, starts, nodes) in [(3, 20, 21), (2, 7, 11), (3, 1, 21)] {
-            let data = StepData::of_size(instances, starts, nodes);
-            let dims = data.dims;
+        let sizes = [(3, 20, 21), (2, 7, 11), (3, 1, 21)];
+        let cases = sizes.into_iter().flat_map(|(instances, starts, nodes)| {
+            let data = || StepData::of_size(instances, starts, nodes);
+            [data(), data().with_tables()]
+        });
+        for data in cases {
+            let (dims, starts, nodes) = (data.dims, data.dims.starts, data.dims.nodes);
             let (scale, x) = (Scale::new(10.0, 1.0), data.inputs());
             let pieces = Pieces {
                 rows: 8,
@@ -1496,7 +1700,9 @@ mod tests {
                         grad_out: &data.grad_out,
                     };
                     let g = backward_with(dims, scale, &from, backward);
-                    [g.query, g.glimpse_keys, g.glimpse_values, g.logit_keys]
+                    let (keys, values, tables) =
+                        (g.glimpse_keys, g.glimpse_values, g.compat_tables);
+                    [g.query, keys, values, g.logit_keys, tables]
                 };
                 let with_kept = grads(&saved);
                 saved.attention = None;

@@ -161,7 +161,7 @@ pub(crate) fn fused_step_from_context(
 /// # Shapes
 /// - `fixed_context`: `[B, 1, d]`, `last_node_context`: `[B, N, d]`, `capacity_context`:
 ///   `[1, 1, d]`, `last_node` and `remaining`: `[B × S, 1]`; the tables, `by_feature` and
-///   `mask` as [`fused_step`]'s
+///   `mask` as [`fused_step`]'s; `compat_tables`: [`compat_tables`] of the same, or none
 /// - output: `[B × S, N]` log-probabilities, −∞ at masked nodes
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fused_step_on_flex_from_context(
@@ -170,12 +170,16 @@ pub(crate) fn fused_step_on_flex_from_context(
     (glimpse_keys, glimpse_values, logit_keys): (Tensor<4>, Tensor<4>, Tensor<3>),
     by_feature: Tensor<3>,
     mask: Tensor<2, Bool>,
+    compat_tables: Option<Tensor<3>>,
     tanh_clipping: f64,
     temperature: f64,
 ) -> Tensor<2> {
     #[cfg(feature = "flex")]
     {
         use burn::backend::Dispatch;
+        let [b, _, _] = last_node_context.dims();
+        let compat_tables =
+            compat_tables.unwrap_or_else(|| Tensor::zeros([b, 0, 8], &last_node_context.device()));
         let out = <Dispatch as ContextStepBackend>::decoder_step_from_context(
             fixed_context.into_dispatch(),
             last_node_context.into_dispatch(),
@@ -187,6 +191,7 @@ pub(crate) fn fused_step_on_flex_from_context(
             logit_keys.into_dispatch(),
             by_feature.into_dispatch(),
             mask.into_dispatch(),
+            compat_tables.into_dispatch(),
             tanh_clipping as f32,
             temperature as f32,
         );
@@ -202,9 +207,42 @@ pub(crate) fn fused_step_on_flex_from_context(
             glimpse_values,
             logit_keys,
         );
-        let _ = (by_feature, mask, tanh_clipping, temperature);
+        let _ = (by_feature, mask, compat_tables, tanh_clipping, temperature);
         unreachable!("flex is not compiled in; check the route first")
     }
+}
+
+/// A decode's compatibility tables for flex's step from the context: per instance, each
+/// node's context (`fixed + node ℓ`, what a row standing at ℓ adds to its query before
+/// its remaining capacity) against every head's keys of every node, then the capacity's
+/// weight row against them; lanes padded with zeros to a multiple of 8. With them a
+/// multi-start step's compatibilities cost 2 H · N operations a row instead of N · d
+/// (`flex_kernel::CompatTables`), and with gradients the step's backward pass gives the
+/// tables' (2 H · N a row), which autodiff sums over the decode's steps and takes back
+/// to the contexts and keys once, where each step took two more N · d products a row.
+///
+/// # Shapes
+/// - `fixed_context`: `[B, 1, d]`, `last_node_context`: `[B, N, d]`, `capacity_context`:
+///   `[1, 1, d]`, `glimpse_keys`: `[B, N, H, dk]`
+/// - output: `[B, (N + 1)·H, Np]`, Np = N rounded up to a multiple of 8
+pub(crate) fn compat_tables(
+    [fixed_context, last_node_context, capacity_context]: [Tensor<3>; 3],
+    glimpse_keys: &Tensor<4>,
+) -> Tensor<3> {
+    let [b, n, heads, dk] = glimpse_keys.dims();
+    let (d, np) = (heads * dk, n.div_ceil(8) * 8);
+    let contexts = Tensor::cat(
+        vec![
+            fixed_context + last_node_context,
+            capacity_context.expand([b, 1, d]),
+        ],
+        1,
+    ); // [B, N + 1, d]
+    let contexts = contexts.reshape([b, n + 1, heads, dk]).swap_dims(1, 2); // [B, H, N + 1, dk]
+    let keys = glimpse_keys.clone().permute([0, 2, 3, 1]); // [B, H, dk, N]
+    let compat = contexts.matmul(keys).swap_dims(1, 2); // [B, N + 1, H, N]
+    let padding = Tensor::zeros([b, n + 1, heads, np - n], &compat.device());
+    Tensor::cat(vec![compat, padding], 3).reshape([b, (n + 1) * heads, np])
 }
 
 /// Which steps a whole decode runs ([`fused_decode`]) and what it keeps: steps
@@ -371,6 +409,7 @@ mod context_extension {
             logit_keys: FloatTensor<Self>,
             by_feature: FloatTensor<Self>,
             mask: BoolTensor<Self>,
+            compat_tables: FloatTensor<Self>,
             tanh_clipping: f32,
             temperature: f32,
         ) -> FloatTensor<Self>;

@@ -318,7 +318,8 @@ impl TableCase {
 
 /// The log-probabilities and the gradients of the context's and the tables' six float
 /// tensors, from flex's step from the context (`form` 0), the fused step from the
-/// composed queries (1) or the op-by-op form from them (2).
+/// composed queries (1), the op-by-op form from them (2), or flex's step from the context
+/// with compatibility tables (3).
 #[cfg(feature = "flex")]
 fn context_step_outputs(device: &Device, t: &TableCase, s: usize, form: usize) -> Vec<Vec<f32>> {
     let [b, n, d] = t.logit_keys.dims();
@@ -326,17 +327,19 @@ fn context_step_outputs(device: &Device, t: &TableCase, s: usize, form: usize) -
     let (k, v, l) = (t.keys.clone(), t.values.clone(), t.logit_keys.clone());
     let by_feature = keys_by_feature(&k, &v, &l);
     let (mask, clip) = (t.mask.clone(), TANH_CLIPPING);
+    let contexts = [
+        case.fixed.clone(),
+        case.nodes.clone(),
+        case.capacity.clone(),
+    ];
     let log_probs = match form {
-        0 => super::fused_step_on_flex_from_context(
-            [
-                case.fixed.clone(),
-                case.nodes.clone(),
-                case.capacity.clone(),
-            ],
+        0 | 3 => super::fused_step_on_flex_from_context(
+            contexts.clone(),
             (case.last_node.clone(), case.remaining.clone()),
-            (k, v, l),
+            (k.clone(), v, l),
             by_feature,
             mask,
+            (form == 3).then(|| super::compat_tables(contexts, &k)),
             clip,
             1.0,
         ),
@@ -391,5 +394,35 @@ fn step_from_the_context_on_flex_matches_the_composed_queries() {
     for ((name, ours), (fused, reference)) in names.zip(&ours).zip(fused.iter().zip(&reference)) {
         assert!(ours == fused, "{name}: not the composed queries' bits");
         assert_close_relative(name, ours, reference);
+    }
+}
+
+/// Flex's step from the context with compatibility tables: the log-probabilities and the
+/// gradients of all six float inputs (the context's and the keys' through the tables)
+/// within 1e-5 of the op-by-op form, with several rows at each node, the depot's most.
+#[cfg(feature = "flex")]
+#[test]
+fn step_from_compatibility_tables_matches_op_by_op() {
+    let device = Backend::first_on_host().unwrap().device().unwrap();
+    let device = device.autodiff();
+    for (s, size) in [
+        (7, [3, 7, 21, 8, 16]),
+        (20, [2, 20, 21, 8, 16]),
+        (5, [2, 5, 9, 2, 4]),
+    ] {
+        let table = TableCase::new(&device, size);
+        let [ours, reference] = [3, 2].map(|f| context_step_outputs(&device, &table, s, f));
+        let names = [
+            "log-probabilities",
+            "fixed context",
+            "node contexts",
+            "capacity row",
+            "glimpse keys",
+            "glimpse values",
+            "logit keys",
+        ];
+        for ((name, ours), reference) in names.iter().zip(&ours).zip(&reference) {
+            assert_close_relative(&format!("{name}, {size:?}"), ours, reference);
+        }
     }
 }

@@ -72,7 +72,7 @@ pub(super) fn backward_unit(
     dims: Dims,
     scale: Scale,
     (from, i): (&BackIn, usize),
-    (dq, dk, dv, dl): InstanceGradsOut,
+    (dq, dk, dv, dl, dt): InstanceGradsOut,
     (kernel, buffers): (BackwardInstance, &mut BackBuffers),
 ) {
     let (n, s, d) = (dims.nodes, dims.starts, dims.embed());
@@ -85,11 +85,11 @@ pub(super) fn backward_unit(
     }
     let live = live_rows(&forced);
     if live.is_empty() {
-        for table in [dk, dv, dl] {
+        for table in [dk, dv, dl, dt] {
             table.fill(0.0);
         }
     } else {
-        kernel(dims, scale, (from, i), (dq, dk, dv, dl), buffers, &live);
+        kernel(dims, scale, (from, i), (dq, dk, dv, dl, dt), buffers, &live);
     }
 }
 
@@ -151,6 +151,11 @@ mod tests {
         let (dims, scale, x) = (data.dims, Scale::new(10.0, 1.0), data.inputs());
         let (n, h, d, s) = (dims.nodes, dims.heads, dims.embed(), dims.starts);
         let every: Vec<usize> = (0..s).collect();
+        // Each instance's table gradient (one unread value without tables).
+        let tables = match x.compat {
+            Some(_) => super::super::table_len(dims),
+            None => 1,
+        };
         let mut log_probs = vec![0.0; dims.rows() * n];
         let mut saved = Saved {
             attention: None,
@@ -181,6 +186,7 @@ mod tests {
             glimpse_keys: vec![0.0; dims.instances * n * d],
             glimpse_values: vec![0.0; dims.instances * n * d],
             logit_keys: vec![0.0; dims.instances * n * d],
+            compat_tables: vec![0.0; dims.instances * tables],
         };
         for i in 0..dims.instances {
             let out = (
@@ -188,6 +194,7 @@ mod tests {
                 &mut grads.glimpse_keys[i * n * d..][..n * d],
                 &mut grads.glimpse_values[i * n * d..][..n * d],
                 &mut grads.logit_keys[i * n * d..][..n * d],
+                &mut grads.compat_tables[i * tables..][..tables],
             );
             backward(
                 dims,
@@ -197,6 +204,9 @@ mod tests {
                 &mut BackBuffers::default(),
                 &every,
             );
+        }
+        if x.compat.is_none() {
+            grads.compat_tables.clear();
         }
         (log_probs, grads)
     }
@@ -210,8 +220,14 @@ mod tests {
             (forward_piece::<Plain>, backward_instance::<Plain>),
             (forward_piece_dispatch, backward_instance_dispatch),
         ];
-        for (starts, nodes) in [(20, 21), (7, 11), (1, 5)] {
-            let data = with_forced_rows(4, starts, nodes);
+        let sizes = [(20, 21), (7, 11), (1, 5)];
+        let cases = sizes.into_iter().flat_map(|(starts, nodes)| {
+            [
+                with_forced_rows(4, starts, nodes),
+                with_forced_rows(4, starts, nodes).with_tables(),
+            ]
+        });
+        for data in cases {
             let (dims, scale, x) = (data.dims, Scale::new(10.0, 1.0), data.inputs());
             for kernels in forms {
                 let (want_log_probs, want) = every_row(&data, kernels);
@@ -238,6 +254,7 @@ mod tests {
                     );
                     assert!(same(&got.glimpse_values, &want.glimpse_values), "{case}");
                     assert!(same(&got.logit_keys, &want.logit_keys), "{case}");
+                    assert!(same(&got.compat_tables, &want.compat_tables), "{case}");
                 }
             }
         }
