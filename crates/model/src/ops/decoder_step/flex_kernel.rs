@@ -1575,6 +1575,17 @@ mod tests {
         }
     }
 
+    /// Steps of these sizes `(instances, starts, nodes)`, each with its compatibilities
+    /// from the products and from tables.
+    fn with_and_without_tables(sizes: &[(usize, usize, usize)]) -> Vec<StepData> {
+        let step = |&(instances, starts, nodes): &(usize, usize, usize)| {
+            StepData::of_size(instances, starts, nodes)
+        };
+        (sizes.iter())
+            .flat_map(|size| [step(size), step(size).with_tables()])
+            .collect()
+    }
+
     /// Whether two lists hold the same floats, bit for bit.
     pub(super) fn same(a: &[f32], b: &[f32]) -> bool {
         a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
@@ -1584,12 +1595,7 @@ mod tests {
     /// not: the same log-probabilities and kept values, bit for bit, in each form.
     #[test]
     fn pieces_give_the_same_numbers() {
-        let sizes = [(1, 37, 21), (3, 20, 11), (2, 1, 5)];
-        let cases = sizes.into_iter().flat_map(|(instances, starts, nodes)| {
-            let data = || StepData::of_size(instances, starts, nodes);
-            [data(), data().with_tables()]
-        });
-        for data in cases {
+        for data in with_and_without_tables(&[(1, 37, 21), (3, 20, 11), (2, 1, 5)]) {
             let (dims, starts) = (data.dims, data.dims.starts);
             let (scale, x) = (Scale::new(10.0, 1.0), data.inputs());
             let whole = Pieces {
@@ -1654,12 +1660,7 @@ mod tests {
                 recompute_attention::<Wide>,
             ),
         ]);
-        let sizes = [(3, 20, 21), (2, 7, 11), (3, 1, 21)];
-        let cases = sizes.into_iter().flat_map(|(instances, starts, nodes)| {
-            let data = || StepData::of_size(instances, starts, nodes);
-            [data(), data().with_tables()]
-        });
-        for data in cases {
+        for data in with_and_without_tables(&[(3, 20, 21), (2, 7, 11), (3, 1, 21)]) {
             let (dims, starts, nodes) = (data.dims, data.dims.starts, data.dims.nodes);
             let (scale, x) = (Scale::new(10.0, 1.0), data.inputs());
             let pieces = Pieces {
