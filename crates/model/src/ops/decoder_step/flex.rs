@@ -312,10 +312,19 @@ impl ContextStepBackend for Flex {
 #[derive(Debug)]
 struct ContextStepBackward;
 
+/// A tracked input's tensor, kept so that the backward pass can take out the gradient
+/// summed for it so far ([`Gradients::remove`] asks for the tensor).
+type Tracked = FloatTensor<Autodiff<Flex>>;
+
+/// The inputs a decode's steps share whose gradients each step adds to in place
+/// ([`flex_kernel::StepSums`]): the glimpse keys (where the step has no compatibility
+/// tables), values, logit keys, and the tables.
+type Shared = [Option<Tracked>; 4];
+
 impl Backward<Flex, 7> for ContextStepBackward {
-    /// The step's tensors, the rows' contexts, the output and the forward pass's
-    /// intermediates.
-    type State = (StepTensors, RowContexts, FlexTensor, Saved);
+    /// The step's tensors, the rows' contexts, the output, the forward pass's
+    /// intermediates and the shared inputs.
+    type State = (StepTensors, RowContexts, FlexTensor, Saved, Shared);
 
     fn backward(
         self,
@@ -323,43 +332,79 @@ impl Backward<Flex, 7> for ContextStepBackward {
         grads: &mut Gradients,
         _checkpointer: &mut Checkpointer,
     ) {
-        let (step, rows, log_probs, saved) = ops.state;
+        let (step, rows, log_probs, saved, shared) = ops.state;
         let grad_out = grads.consume::<Flex>(&ops.node).to_contiguous();
-        let g = flex_kernel::backward(
-            step.dims,
-            step.scale,
-            &step.inputs(),
-            floats(&log_probs),
-            &saved,
-            floats(&grad_out),
-        );
+        let mut sums = shared.map(|input| sum_so_far(input?, grads));
+        let g = {
+            let mut slices = sums.iter_mut().map(|sum| sum.as_mut().and_then(own_floats));
+            let mut next = || slices.next().expect("four");
+            let sums = flex_kernel::StepSums {
+                glimpse_keys: next(),
+                glimpse_values: next(),
+                logit_keys: next(),
+                compat_tables: next(),
+            };
+            let saved = (&step.inputs(), floats(&log_probs), &saved);
+            flex_kernel::backward_adding(step.dims, step.scale, saved, floats(&grad_out), sums)
+        };
         let shape = |t: &FlexTensor| t.layout().shape().clone();
-        let [values, logit_keys] = [
-            tensor(g.glimpse_values, shape(&step.glimpse_values)),
-            tensor(g.logit_keys, shape(&step.logit_keys)),
-        ];
+        let [keys_sum, values_sum, logit_keys_sum, tables_sum] = sums;
+        let values =
+            values_sum.or_else(|| Some(tensor(g.glimpse_values, shape(&step.glimpse_values))));
+        let logit_keys =
+            logit_keys_sum.or_else(|| Some(tensor(g.logit_keys, shape(&step.logit_keys))));
         // With compatibility tables the context and the keys reach this step only through
         // them: their gradients are the tables' (once a decode, by autodiff), not these.
         let [fixed, nodes, capacity, keys] = match &step.compat {
             Some(_) => [None, None, None, None],
             None => {
                 let [fixed, nodes, capacity] = rows.grads(&g.query);
-                let keys = tensor(g.glimpse_keys, shape(&step.glimpse_keys));
+                let keys =
+                    keys_sum.unwrap_or_else(|| tensor(g.glimpse_keys, shape(&step.glimpse_keys)));
                 [Some(fixed), Some(nodes), Some(capacity), Some(keys)]
             }
         };
-        let compat_tables = step
-            .compat
-            .as_ref()
-            .map(|(tables, _)| tensor(g.compat_tables, shape(tables)));
-        let values = [fixed, nodes, capacity, keys, Some(values), Some(logit_keys)];
-        let values = values.into_iter().chain([compat_tables]);
+        let compat_tables = step.compat.as_ref().map(|(tables, _)| {
+            tables_sum.unwrap_or_else(|| tensor(g.compat_tables, shape(tables)))
+        });
+        let values = [
+            fixed,
+            nodes,
+            capacity,
+            keys,
+            values,
+            logit_keys,
+            compat_tables,
+        ];
         for (parent, grad) in ops.parents.into_iter().zip(values) {
             if let (Some(node), Some(grad)) = (parent, grad) {
                 grads.register::<Flex>(node.id, grad);
             }
         }
     }
+}
+
+/// The gradient summed for `input` so far, taken out of `grads` where there is one that
+/// this step can add to in place; one it cannot is left there (autodiff adds to it).
+fn sum_so_far(input: Tracked, grads: &mut Gradients) -> Option<FlexTensor> {
+    let mut sum = grads.remove::<Flex>(&input)?;
+    if own_floats(&mut sum).is_some() {
+        Some(sum)
+    } else {
+        grads.register::<Flex>(input.id(), sum);
+        None
+    }
+}
+
+/// A tensor's floats, where it owns them alone, whole and in order.
+fn own_floats(t: &mut FlexTensor) -> Option<&mut [f32]> {
+    let len = t.layout().shape().num_elements();
+    let whole = t.layout().contiguous_offsets() == Some((0, len));
+    if t.dtype() != burn::backend::DType::F32 || !whole {
+        return None;
+    }
+    t.try_storage_mut::<f32>()
+        .filter(|floats| floats.len() == len)
 }
 
 impl<C: CheckpointStrategy> ContextStepBackend for Autodiff<Flex, C> {
@@ -380,6 +425,13 @@ impl<C: CheckpointStrategy> ContextStepBackend for Autodiff<Flex, C> {
     ) -> FloatTensor<Self> {
         // `remaining` comes from the state and `by_feature` is a detached copy of the
         // tables: no gradient of their own.
+        let with_tables = compat_tables.primitive().layout().shape()[1] > 0;
+        let shared: Shared = [
+            (!with_tables).then(|| glimpse_keys.clone()),
+            Some(glimpse_values.clone()),
+            Some(logit_keys.clone()),
+            with_tables.then(|| compat_tables.clone()),
+        ];
         let nodes = [
             fixed_context.node(),
             last_node_context.node(),
@@ -415,7 +467,7 @@ impl<C: CheckpointStrategy> ContextStepBackend for Autodiff<Flex, C> {
         {
             OpsKind::Tracked(prep) => {
                 let (log_probs, saved) = step.forward();
-                prep.finish((step, rows, log_probs.clone(), saved), log_probs)
+                prep.finish((step, rows, log_probs.clone(), saved, shared), log_probs)
             }
             OpsKind::UnTracked(prep) => prep.finish(step.log_probs()),
         }

@@ -173,7 +173,8 @@ pub(crate) struct Saved {
 /// Gradients of the four float inputs, in their layouts, and of the compatibility
 /// tables where the step reads them. With tables the queries and keys reach the
 /// compatibilities only through them: their gradients here are zeros, and the tables'
-/// (summed over a decode's steps by autodiff) carry them, paid once a decode.
+/// (summed over a decode's steps) carry them, paid once a decode. Those added to sums
+/// ([`backward_adding`]) are empty here.
 pub(crate) struct Grads {
     pub(crate) query: Vec<f32>,
     pub(crate) glimpse_keys: Vec<f32>,
@@ -733,6 +734,37 @@ pub(crate) fn backward(
 type BackwardInstance =
     fn(Dims, Scale, (&BackIn, usize), InstanceGradsOut, &mut BackBuffers, &[usize]);
 
+/// Sums over a decode's steps of the gradients of what its steps share, `[B, ·]` each in
+/// its input's layout, to which [`backward_adding`] adds this step's in place where one is
+/// given. Autodiff would take each step's from a fresh buffer and add the two into a
+/// third: at CVRP100, ~28 MB a step written, read and paged in for nothing (~6% of a
+/// POMO step, the compatibility tables' most).
+#[derive(Default)]
+pub(crate) struct StepSums<'a> {
+    pub(crate) glimpse_keys: Option<&'a mut [f32]>,
+    pub(crate) glimpse_values: Option<&'a mut [f32]>,
+    pub(crate) logit_keys: Option<&'a mut [f32]>,
+    pub(crate) compat_tables: Option<&'a mut [f32]>,
+}
+
+/// [`backward`], with the gradients `sums` holds added to them ([`StepSums`]); those come
+/// back empty in the [`Grads`].
+pub(crate) fn backward_adding(
+    dims: Dims,
+    scale: Scale,
+    (x, log_probs, saved): (&Inputs, &[f32], &Saved),
+    grad_out: &[f32],
+    sums: StepSums,
+) -> Grads {
+    let from = BackIn {
+        x,
+        log_probs,
+        saved,
+        grad_out,
+    };
+    backward_into(dims, scale, &from, backward_instance_dispatch, sums)
+}
+
 /// [`backward`] with each instance in `instance_kernel` (the tests pick each form).
 fn backward_with(
     dims: Dims,
@@ -740,39 +772,109 @@ fn backward_with(
     from: &BackIn,
     instance_kernel: BackwardInstance,
 ) -> Grads {
+    backward_into(dims, scale, from, instance_kernel, StepSums::default())
+}
+
+/// [`backward_with`], adding to `sums` where given.
+fn backward_into(
+    dims: Dims,
+    scale: Scale,
+    from: &BackIn,
+    instance_kernel: BackwardInstance,
+    sums: StepSums,
+) -> Grads {
     let (n, d, s) = (dims.nodes, dims.embed(), dims.starts);
     // Without tables, each instance's chunk of them is one value nothing reads.
     let tables = match from.x.compat {
         Some(_) => table_len(dims),
         None => 1,
     };
+    let lens = [n * d, n * d, n * d, tables];
+    let given = [
+        sums.glimpse_keys,
+        sums.glimpse_values,
+        sums.logit_keys,
+        sums.compat_tables,
+    ];
+    let adds = given.each_ref().map(Option::is_some);
+    for (sum, len) in given.iter().zip(lens) {
+        assert!(sum.as_ref().is_none_or(|t| t.len() == dims.instances * len));
+    }
     // Each is written once: by the kernels, or as zeros for forced rows and for
     // instances with no other (`forced::backward_unit`).
-    let mut grads = Grads {
-        query: unwritten(dims.rows() * d),
-        glimpse_keys: unwritten(dims.instances * n * d),
-        glimpse_values: unwritten(dims.instances * n * d),
-        logit_keys: unwritten(dims.instances * n * d),
-        compat_tables: unwritten(dims.instances * tables),
-    };
-    let per_instance = grads
-        .query
+    let mut query = unwritten(dims.rows() * d);
+    let mut fresh: [Vec<f32>; 4] = std::array::from_fn(|k| match adds[k] {
+        true => Vec::new(),
+        false => unwritten(dims.instances * lens[k]),
+    });
+    let mut targets = (given.into_iter().zip(&mut fresh)).map(|(sum, f)| sum.unwrap_or(f));
+    let [dk, dv, dl, dt] = std::array::from_fn(|_| targets.next().expect("four"));
+    let per_instance = query
         .par_chunks_mut(s * d)
-        .zip(grads.glimpse_keys.par_chunks_mut(n * d))
-        .zip(grads.glimpse_values.par_chunks_mut(n * d))
-        .zip(grads.logit_keys.par_chunks_mut(n * d))
-        .zip(grads.compat_tables.par_chunks_mut(tables));
+        .zip(dk.par_chunks_mut(lens[0]))
+        .zip(dv.par_chunks_mut(lens[1]))
+        .zip(dl.par_chunks_mut(lens[2]))
+        .zip(dt.par_chunks_mut(lens[3]));
     per_instance.enumerate().for_each_init(
-        BackBuffers::default,
-        |buffers, (i, ((((dq, dk), dv), dl), dt))| {
+        <(BackBuffers, OwnGrads)>::default,
+        |(buffers, own), (i, ((((dq, dk), dv), dl), dt))| {
+            let targets = [dk, dv, dl, dt];
             let kernel = (instance_kernel, buffers);
-            forced::backward_unit(dims, scale, (from, i), (dq, dk, dv, dl, dt), kernel);
+            own.run(lens, (targets, adds), |[dk, dv, dl, dt]| {
+                forced::backward_unit(dims, scale, (from, i), (dq, dk, dv, dl, dt), kernel);
+            });
         },
     );
+    let [glimpse_keys, glimpse_values, logit_keys, mut compat_tables] = fresh;
     if from.x.compat.is_none() {
-        grads.compat_tables.clear();
+        compat_tables.clear();
     }
-    grads
+    Grads {
+        query,
+        glimpse_keys,
+        glimpse_values,
+        logit_keys,
+        compat_tables,
+    }
+}
+
+/// A rayon job's own buffers for an instance's gradients that are added to sums: the
+/// kernel writes them whole there (as it writes the others in place), and each is then
+/// added to its sum, `sum + step` as autodiff adds them (the same bits).
+#[derive(Default)]
+struct OwnGrads([Vec<f32>; 4]);
+
+impl OwnGrads {
+    /// `write` with each of `targets` where it is not added to, else with this job's own
+    /// buffer (`lens` long), which is then added to the target.
+    fn run(
+        &mut self,
+        lens: [usize; 4],
+        (targets, adds): ([&mut [f32]; 4], [bool; 4]),
+        write: impl FnOnce([&mut [f32]; 4]),
+    ) {
+        let mut sums: [Option<&mut [f32]>; 4] = Default::default();
+        let mut own = self.0.iter_mut().zip(lens);
+        let mut outs = targets.into_iter().zip(adds).zip(&mut sums);
+        let outs = std::array::from_fn(|_| {
+            let ((target, add), sum) = outs.next().expect("four");
+            let (buffer, len) = own.next().expect("four");
+            if !add {
+                return target;
+            }
+            *sum = Some(target);
+            at_least(buffer, len);
+            &mut buffer[..len]
+        });
+        write(outs);
+        for (sum, own) in sums.into_iter().zip(&self.0) {
+            if let Some(sum) = sum {
+                for (s, &g) in sum.iter_mut().zip(own) {
+                    *s += g;
+                }
+            }
+        }
+    }
 }
 
 /// What the backward pass reads: the forward pass's inputs, outputs and saved values, and
@@ -1711,6 +1813,55 @@ mod tests {
                     assert!(same(a, &b), "{dims:?}");
                 }
             }
+        }
+    }
+
+    /// Gradients added to sums a decode's steps share: each sum becomes `sum + step`, the
+    /// step's gradient as [`backward`] gives it fresh, bit for bit (as autodiff adds them),
+    /// and comes back empty in the [`Grads`]; the others are as fresh. Sums of both signs
+    /// and zeros of both signs, with the compatibilities from products and from tables.
+    #[test]
+    fn gradients_add_to_their_sums_as_autodiff_adds_them() {
+        for data in with_and_without_tables(&[(3, 20, 21), (2, 7, 11), (2, 1, 5)]) {
+            let (dims, scale, x) = (data.dims, Scale::new(10.0, 1.0), data.inputs());
+            let (log_probs, saved) = forward(dims, scale, &x);
+            let fresh = backward(dims, scale, &x, &log_probs, &saved, &data.grad_out);
+            let mut sums: Vec<Vec<f32>> = [&fresh.glimpse_values, &fresh.compat_tables]
+                .iter()
+                .enumerate()
+                .map(|(k, g)| {
+                    let mut sum = pseudo_random(g.len(), 17 + k as u64, 3.0);
+                    if let [a, b, ..] = &mut sum[..] {
+                        (*a, *b) = (0.0, -0.0);
+                    }
+                    sum
+                })
+                .collect();
+            let before = sums.clone();
+            let [values, tables] = &mut sums[..] else {
+                unreachable!()
+            };
+            let given = StepSums {
+                glimpse_values: Some(values),
+                compat_tables: (x.compat.is_some()).then_some(&mut tables[..]),
+                ..StepSums::default()
+            };
+            let passed = (&x, &log_probs[..], &saved);
+            let added = backward_adding(dims, scale, passed, &data.grad_out, given);
+            let expect = |sum: &[f32], step: &[f32]| -> Vec<f32> {
+                sum.iter().zip(step).map(|(s, g)| g + s).collect()
+            };
+            assert!(same(&sums[0], &expect(&before[0], &fresh.glimpse_values)));
+            assert!(added.glimpse_values.is_empty());
+            if x.compat.is_some() {
+                assert!(same(&sums[1], &expect(&before[1], &fresh.compat_tables)));
+                assert!(added.compat_tables.is_empty());
+            } else {
+                assert!(same(&sums[1], &before[1]));
+            }
+            let kept = [added.query, added.glimpse_keys, added.logit_keys];
+            let fresh = [fresh.query, fresh.glimpse_keys, fresh.logit_keys];
+            assert!(kept.iter().zip(&fresh).all(|(a, b)| same(a, b)), "{dims:?}");
         }
     }
 
