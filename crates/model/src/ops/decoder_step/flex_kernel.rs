@@ -736,9 +736,9 @@ type BackwardInstance =
 
 /// Sums over a decode's steps of the gradients of what its steps share, `[B, ·]` each in
 /// its input's layout, to which [`backward_adding`] adds this step's in place where one is
-/// given. Autodiff would take each step's from a fresh buffer and add the two into a
-/// third: at CVRP100, ~28 MB a step written, read and paged in for nothing (~6% of a
-/// POMO step, the compatibility tables' most).
+/// given. Autodiff would take each step's in a fresh buffer and add the sum into it: at
+/// CVRP100, ~28 MB a step allocated, written out and read back (~6% of a POMO step, the
+/// compatibility tables' most), where here each instance's stays in cache.
 #[derive(Default)]
 pub(crate) struct StepSums<'a> {
     pub(crate) glimpse_keys: Option<&'a mut [f32]>,
