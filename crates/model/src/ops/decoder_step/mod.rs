@@ -218,8 +218,9 @@ pub(crate) fn fused_step_on_flex_from_context(
 /// weight row against them; lanes padded with zeros to a multiple of 8. With them a
 /// multi-start step's compatibilities cost 2 H · N operations a row instead of N · d
 /// (`flex_kernel::CompatTables`), and with gradients the step's backward pass gives the
-/// tables' (2 H · N a row), which autodiff sums over the decode's steps and takes back
-/// to the contexts and keys once, where each step took two more N · d products a row.
+/// tables' (2 H · N a row), which the steps add to one sum in place
+/// (`flex_kernel::StepSums`) and autodiff takes back to the contexts and keys once, where
+/// each step took two more N · d products a row.
 ///
 /// # Shapes
 /// - `fixed_context`: `[B, 1, d]`, `last_node_context`: `[B, N, d]`, `capacity_context`:
