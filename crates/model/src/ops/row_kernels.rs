@@ -711,16 +711,18 @@ impl Terms for Listed<'_> {
     }
 }
 
-/// The nodes some row of a block may choose: every node, or a list of them.
+/// The terms of a block's weighted sums whose coefficients may be non-zero: every one, or
+/// a list of them (the nodes some row of a block may choose, or the rows at which some
+/// node of a block is open).
 #[derive(Clone, Copy)]
-pub(crate) enum OpenNodes<'a> {
+pub(crate) enum OpenTerms<'a> {
     Every(usize),
     Listed(Listed<'a>),
 }
 
-impl OpenNodes<'_> {
-    /// [`weighted_sums`] over these nodes (`at.count` unused): the same sums where the
-    /// other nodes' coefficients are zero.
+impl OpenTerms<'_> {
+    /// [`weighted_sums`] over these terms (`at.count` unused): the same sums where the
+    /// other terms' coefficients are zero.
     #[inline(always)]
     pub(crate) fn weighted_sums<M: MulAdd, const R: usize>(
         self,
@@ -765,7 +767,7 @@ pub(crate) fn open_nodes_of_any<'a, const R: usize>(
     mask: &[u8],
     n: usize,
     into: &'a mut Vec<u32>,
-) -> OpenNodes<'a> {
+) -> OpenTerms<'a> {
     if into.len() < n {
         into.resize(n, 0);
     }
@@ -779,9 +781,39 @@ pub(crate) fn open_nodes_of_any<'a, const R: usize>(
         count += usize::from(masked_in_all == 0);
     }
     if 8 * count > 7 * n {
-        OpenNodes::Every(n)
+        OpenTerms::Every(n)
     } else {
-        OpenNodes::Listed(Listed(&into[..count]))
+        OpenTerms::Listed(Listed(&into[..count]))
+    }
+}
+
+/// The rows at which any of the `R` nodes from `first` is open, by their place k in `rows`
+/// (row `at + rows[k]` of `mask`, `[·, n]`, non-zero = masked): listed in `into` where
+/// that leaves out at least an eighth of them, else every k. A block of nodes' gradients
+/// summed over the rows takes these: at the others, every coefficient of the block is zero
+/// (as [`open_nodes_of_any`]'s nodes for a block of rows). Without a branch per row, for
+/// the same reason.
+#[inline(always)]
+pub(crate) fn rows_open_at_any<'a, const R: usize>(
+    mask: &[u8],
+    (n, first): (usize, usize),
+    (at, rows): (usize, &[usize]),
+    into: &'a mut Vec<u32>,
+) -> OpenTerms<'a> {
+    if into.len() < rows.len() {
+        into.resize(rows.len(), 0);
+    }
+    let mut count = 0;
+    for (k, &r) in rows.iter().enumerate() {
+        into[count] = k as u32;
+        let nodes = &mask[(at + r) * n + first..][..R];
+        let masked_at_all = nodes.iter().fold(1u8, |all, &m| all & u8::from(m != 0));
+        count += usize::from(masked_at_all == 0);
+    }
+    if 8 * count > 7 * rows.len() {
+        OpenTerms::Every(rows.len())
+    } else {
+        OpenTerms::Listed(Listed(&into[..count]))
     }
 }
 
@@ -1559,9 +1591,9 @@ mod tests {
             1, 1, 1, 0, 0,
         ];
         let mut list = Vec::new();
-        let listed = |open: OpenNodes| match open {
-            OpenNodes::Listed(Listed(l)) => l.to_vec(),
-            OpenNodes::Every(n) => panic!("every one of {n} nodes"),
+        let listed = |open: OpenTerms| match open {
+            OpenTerms::Listed(Listed(l)) => l.to_vec(),
+            OpenTerms::Every(n) => panic!("every one of {n} nodes"),
         };
         assert_eq!(
             listed(open_nodes_of_any::<2>(&mask, 5, &mut list)),
@@ -1576,9 +1608,132 @@ mod tests {
         let mut one_closed = [0u8; 16];
         one_closed[3] = 1;
         let fifteen = open_nodes_of_any::<1>(&one_closed, 16, &mut list);
-        assert!(matches!(fifteen, OpenNodes::Every(16)));
+        assert!(matches!(fifteen, OpenTerms::Every(16)));
         let seven = listed(open_nodes_of_any::<1>(&one_closed[..8], 8, &mut list));
         assert_eq!(seven, [0, 1, 2, 4, 5, 6, 7]);
+    }
+
+    /// The rows at which some node of a block is open, by hand: a row where every node of
+    /// the block is masked is left out, by its place in the rows taken; where few are left
+    /// out, every row.
+    #[test]
+    fn rows_open_at_any_node_by_hand() {
+        #[rustfmt::skip]
+        let mask = [
+            0, 1, 1, 0,
+            1, 1, 1, 1,
+            1, 0, 1, 1,
+            0, 0, 1, 1,
+            1, 1, 0, 0,
+        ];
+        let mut list = Vec::new();
+        let listed = |open: OpenTerms| match open {
+            OpenTerms::Listed(Listed(l)) => l.to_vec(),
+            OpenTerms::Every(n) => panic!("every one of {n} rows"),
+        };
+        // Nodes 1 and 2 of rows 0 to 4: open in rows 2 and 3 only (node 1), and 4 (node 2).
+        let every_row = [0, 1, 2, 3, 4];
+        let open = rows_open_at_any::<2>(&mask, (4, 1), (0, &every_row), &mut list);
+        assert_eq!(listed(open), [2, 3, 4]);
+        // Rows 1, 2 and 4 from row 0, node 2 alone: open in row 4, the third taken.
+        let some = [1, 2, 4];
+        let open = rows_open_at_any::<1>(&mask, (4, 2), (0, &some), &mut list);
+        assert_eq!(listed(open), [2]);
+        // From row 1 (`at`): rows 1 + 0 and 1 + 3, nodes 0 to 3: open in row 4 only.
+        let open = rows_open_at_any::<4>(&mask, (4, 0), (1, &[0, 3]), &mut list);
+        assert_eq!(listed(open), [1]);
+        // Fifteen of sixteen rows open: every row, not a list; seven of eight: a list.
+        let mut one_closed = [0u8; 16];
+        one_closed[3] = 1;
+        let rows: Vec<usize> = (0..16).collect();
+        let fifteen = rows_open_at_any::<1>(&one_closed, (1, 0), (0, &rows), &mut list);
+        assert!(matches!(fifteen, OpenTerms::Every(16)));
+        let seven = rows_open_at_any::<1>(&one_closed, (1, 0), (0, &rows[..8]), &mut list);
+        assert_eq!(listed(seven), [0, 1, 2, 4, 5, 6, 7]);
+    }
+
+    /// Sums over the rows at which some node of a block is open are the sums over every
+    /// row, bit for bit, where the other rows' coefficients are zero of either sign: a
+    /// block of nodes' sums over rows, each node's coefficients a column of a `[rows, N]`
+    /// table (as the backward pass's node gradients take them), for blocks of 1 to 8.
+    #[test]
+    fn sums_over_open_rows_are_the_sums_over_all() {
+        let (rows, nodes, d) = (29, 19, 40);
+        let values = crate::test_support::pseudo_random(rows * d, 7, 1.0);
+        for seed in 0..4u64 {
+            let coefs = crate::test_support::pseudo_random(rows * nodes, 8 + seed, 1.0);
+            // Each row closes the nodes before a point of its own, and some after it.
+            let mask: Vec<u8> = (0..rows * nodes)
+                .map(|i| (i / nodes, i % nodes))
+                .map(|(row, node)| {
+                    node < (row * 5 + seed as usize) % nodes || (row + node).is_multiple_of(5)
+                })
+                .map(u8::from)
+                .collect();
+            let masked: Vec<f32> = (coefs.iter().zip(&mask))
+                .map(|(&c, &m)| if m != 0 { 0.0f32.copysign(c) } else { c })
+                .collect();
+            let sums = (&masked[..], &values[..], &mask[..]);
+            let sizes = (rows, nodes, d);
+            open_rows_sums::<Plain, 1>(sums, sizes, seed);
+            open_rows_sums::<Plain, 4>(sums, sizes, seed);
+            open_rows_sums::<Plain, 8>(sums, sizes, seed);
+            #[cfg(target_arch = "x86_64")]
+            if has_avx2_fma() {
+                // SAFETY: the CPU has AVX2 and FMA (checked).
+                unsafe { open_rows_sums_avx2(sums, sizes, seed) };
+            }
+            #[cfg(target_arch = "x86_64")]
+            if has_avx512() {
+                // SAFETY: the CPU has AVX-512 F and VL, AVX2 and FMA (checked).
+                unsafe { open_rows_sums_avx512(sums, sizes, seed) };
+            }
+        }
+    }
+
+    /// One block of [`sums_over_open_rows_are_the_sums_over_all`]: `R` nodes from node 2.
+    #[inline(always)]
+    fn open_rows_sums<M: MulAdd, const R: usize>(
+        (coefs, values, mask): (&[f32], &[f32], &[u8]),
+        (rows, nodes, d): (usize, usize, usize),
+        seed: u64,
+    ) {
+        let first = 2;
+        let over_rows = RowsAt {
+            coef_stride: 1,
+            coef_step: nodes,
+            count: rows,
+            out_stride: d,
+        };
+        let (taken, mut list): (Vec<usize>, _) = ((0..rows).collect(), Vec::new());
+        let open = rows_open_at_any::<R>(mask, (nodes, first), (0, &taken), &mut list);
+        assert!(matches!(open, OpenTerms::Listed(_)), "{R} nodes");
+        let (mut all, mut listed) = (vec![0.0; R * d], vec![0.0; R * d]);
+        let c = &coefs[first..];
+        weighted_sums::<M, R>(c, values, (d, d), over_rows, &mut all);
+        open.weighted_sums::<M, R>(c, values, (d, d), over_rows, &mut listed);
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&listed), bits(&all), "{R} nodes, seed {seed}");
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn open_rows_sums_avx2(sums: (&[f32], &[f32], &[u8]), sizes: (usize, usize, usize), seed: u64) {
+        open_rows_sums::<Fused, 1>(sums, sizes, seed);
+        open_rows_sums::<Fused, 2>(sums, sizes, seed);
+        open_rows_sums::<Fused, 4>(sums, sizes, seed);
+        open_rows_sums::<Fused, 8>(sums, sizes, seed);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+    fn open_rows_sums_avx512(
+        sums: (&[f32], &[f32], &[u8]),
+        sizes: (usize, usize, usize),
+        seed: u64,
+    ) {
+        open_rows_sums::<Wide, 4>(sums, sizes, seed);
+        open_rows_sums::<Wide, 8>(sums, sizes, seed);
     }
 
     /// Sums over the nodes some row may choose are the sums over all nodes, bit for bit,
@@ -1616,7 +1771,7 @@ mod tests {
             macro_rules! block {
                 ($m:ty, $r:literal) => {{
                     let open = open_nodes_of_any::<$r>(&mask, nodes, &mut list);
-                    assert!(matches!(open, OpenNodes::Listed(_)), "{} rows", $r);
+                    assert!(matches!(open, OpenTerms::Listed(_)), "{} rows", $r);
                     let (mut all, mut listed) = (vec![0.0; $r * d], vec![0.0; $r * d]);
                     for head in 0..heads {
                         let (c, v) = (&masked[head * nodes..], &values[head * head_dim..]);

@@ -37,7 +37,8 @@ use rayon::prelude::*;
 
 use crate::ops::row_kernels::{
     heads_fit, kept_exp_sum, kept_max, masked_softmax_rows, open_nodes_of_any, padded,
-    rows_in_block, simd_dispatch, unwritten, weighted_sums, MulAdd, RowsAt, MAX_ROW_BLOCK,
+    rows_in_block, rows_open_at_any, simd_dispatch, unwritten, weighted_sums, MulAdd, OpenTerms,
+    RowsAt, MAX_ROW_BLOCK,
 };
 
 /// Sizes of one step.
@@ -797,6 +798,8 @@ fn backward_into(
         sums.compat_tables,
     ];
     let adds = given.each_ref().map(Option::is_some);
+    // The tables' gradient is added to its sum by the kernel itself ([`table_grads`]).
+    let own_adds = [adds[0], adds[1], adds[2], false];
     for (sum, len) in given.iter().zip(lens) {
         assert!(sum.as_ref().is_none_or(|t| t.len() == dims.instances * len));
     }
@@ -820,7 +823,11 @@ fn backward_into(
         |(buffers, own), (i, ((((dq, dk), dv), dl), dt))| {
             let targets = [dk, dv, dl, dt];
             let kernel = (instance_kernel, buffers);
-            own.run(lens, (targets, adds), |[dk, dv, dl, dt]| {
+            own.run(lens, (targets, own_adds), |[dk, dv, dl, dt]| {
+                let dt = TableGrad {
+                    out: dt,
+                    adding: adds[3],
+                };
                 forced::backward_unit(dims, scale, (from, i), (dq, dk, dv, dl, dt), kernel);
             });
         },
@@ -840,7 +847,9 @@ fn backward_into(
 
 /// A rayon job's own buffers for an instance's gradients that are added to sums: the
 /// kernel writes them whole there (as it writes the others in place), and each is then
-/// added to its sum, `sum + step` as autodiff adds them (the same bits).
+/// added to its sum, `sum + step` as autodiff adds them (the same bits). The compatibility
+/// table's is not among them: [`table_grads`] adds it to its sum itself, only where some
+/// row is at the node.
 #[derive(Default)]
 struct OwnGrads([Vec<f32>; 4]);
 
@@ -893,8 +902,15 @@ type InstanceGradsOut<'a> = (
     &'a mut [f32],
     &'a mut [f32],
     &'a mut [f32],
-    &'a mut [f32],
+    TableGrad<'a>,
 );
+
+/// Instance `i`'s block of the compatibility tables' gradient: written whole, or
+/// (`adding`) added to the sum over a decode's steps that it holds ([`StepSums`]).
+pub(super) struct TableGrad<'a> {
+    pub(super) out: &'a mut [f32],
+    pub(super) adding: bool,
+}
 
 simd_dispatch! {
     /// [`backward_instance`] in the best form the CPU allows.
@@ -931,6 +947,8 @@ fn backward_instance<M: MulAdd>(
         query,
         glimpse,
         block,
+        open_rows,
+        table_sums,
     } = buffers;
     // The sums over the instance's rows run over the live rows alone.
     let live_dims = Dims {
@@ -954,6 +972,7 @@ fn backward_instance<M: MulAdd>(
         query: instance_rows(x.query, d, (at, live), every, query),
         glimpse: instance_rows(&saved.glimpse, d, (at, live), every, glimpse),
         attention,
+        mask: (x.mask, at, live),
         from_tables: x.compat.is_some(),
     };
     backward_blocks::<M>(
@@ -964,36 +983,72 @@ fn backward_instance<M: MulAdd>(
         dq,
         (scratch, block),
     );
-    instance_grads::<M>(live_dims, &instance, scratch, (dk, dv, dl));
+    instance_grads::<M>(live_dims, &instance, (scratch, open_rows), (dk, dv, dl));
     if let Some(compat) = &x.compat {
-        table_grads(dims, (compat, at, live), &scratch.d_compat, dt);
+        let (by_node, sums) = table_sums;
+        table_grads(
+            dims,
+            (compat, at, live),
+            &scratch.d_compat,
+            dt,
+            (by_node, sums),
+        );
     }
 }
 
 /// The instance's compatibility table's gradient `[(N + 1)·H, Np]` from its live rows'
-/// (`at + r`, r in `live`) compatibility gradients `[L, H, N]`: each row's added to its
-/// node's rows, and times its remaining capacity fraction to the capacity's, in row order.
+/// (`at + r`, r in `live`) compatibility gradients `[L, H, N]`: a node's rows the sum of
+/// the rows at that node, the capacity's the sum of every row's times its remaining
+/// capacity fraction, each in row order from zero (as adding each row's in turn to a
+/// zeroed table gave them), then added to `out` once. Where `out` holds a sum over steps,
+/// the rows of nodes no row is at are left as they are: the step's gradient there is zero,
+/// and the sums never hold −0 (each is a first step's gradient, zero where nothing was
+/// added, plus others), so adding it would change no bit. `sums` is working memory.
 fn table_grads(
     dims: Dims,
     (compat, at, live): (&CompatTables, usize, &[usize]),
     d_compat: &[f32],
-    out: &mut [f32],
+    out: TableGrad,
+    (by_node, sums): (&mut Vec<u32>, &mut Vec<f32>),
 ) {
     let (n, h) = (dims.nodes, dims.heads);
-    let np = padded(n);
-    out.fill(0.0);
+    let (np, per_row) = (padded(n), h * n);
+    if !out.adding {
+        out.out.fill(0.0);
+    }
+    sums.resize(per_row, 0.0);
+    let node_of = |k: u32| compat.last_node[at + live[k as usize]];
+    by_node.clear();
+    by_node.extend(0..live.len() as u32);
+    by_node.sort_unstable_by_key(|&k| (node_of(k), k));
+    for rows in by_node.chunk_by(|&a, &b| node_of(a) == node_of(b)) {
+        let grad = |k: u32| &d_compat[k as usize * per_row..][..per_row];
+        for (sum, &g) in sums.iter_mut().zip(grad(rows[0])) {
+            *sum = 0.0 + g;
+        }
+        for &k in &rows[1..] {
+            for (sum, &g) in sums.iter_mut().zip(grad(k)) {
+                *sum += g;
+            }
+        }
+        add_head_rows(&mut out.out[node_of(rows[0]) * h * np..], sums, (n, np));
+    }
+    sums.fill(0.0);
     for (k, &r) in live.iter().enumerate() {
-        let (node, remaining) = (compat.last_node[at + r], compat.remaining[at + r]);
-        for head in 0..h {
-            let grad = &d_compat[(k * h + head) * n..][..n];
-            let at_node = &mut out[(node * h + head) * np..][..n];
-            for (t, &g) in at_node.iter_mut().zip(grad) {
-                *t += g;
-            }
-            let capacity = &mut out[(n * h + head) * np..][..n];
-            for (t, &g) in capacity.iter_mut().zip(grad) {
-                *t += remaining * g;
-            }
+        let remaining = compat.remaining[at + r];
+        let grad = &d_compat[k * per_row..][..per_row];
+        for (sum, &g) in sums.iter_mut().zip(grad) {
+            *sum += remaining * g;
+        }
+    }
+    add_head_rows(&mut out.out[n * h * np..], sums, (n, np));
+}
+
+/// Adds each head's `[N]` row of `sums` (`[H, N]`) to its `[Np]` row of `out`.
+fn add_head_rows(out: &mut [f32], sums: &[f32], (n, np): (usize, usize)) {
+    for (out, sum) in out.chunks_mut(np).zip(sums.chunks_exact(n)) {
+        for (t, &s) in out.iter_mut().zip(sum) {
+            *t += s;
         }
     }
 }
@@ -1147,6 +1202,9 @@ struct InstanceBack<'a> {
     glimpse: &'a [f32],
     /// `[S, H, N]` the instance's rows' attention weights.
     attention: &'a [f32],
+    /// The step's masks `[R, N]`, the instance's first row, and its rows taken (those of
+    /// the tables above, in order).
+    mask: (&'a [u8], usize, &'a [usize]),
     /// Whether the compatibilities came from [`CompatTables`]: the queries and keys then
     /// get no gradient here (the tables' carries it).
     from_tables: bool,
@@ -1169,6 +1227,10 @@ pub(super) struct BackBuffers {
     glimpse: Vec<f32>,
     /// One block's rows, where they are not consecutive.
     block: BackBlock,
+    /// The rows at which some node of a block is open.
+    open_rows: Vec<u32>,
+    /// The live rows by node, and a node's `[H, N]` sums ([`table_grads`]).
+    table_sums: (Vec<u32>, Vec<f32>),
 }
 
 /// A block of rows that are not consecutive, gathered: their queries (to recompute
@@ -1428,35 +1490,51 @@ type InstanceGrads<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [f32]);
 /// rows' glimpses, queries and glimpse gradients): logit keys from the logit gradients
 /// and glimpses, values from the attention weights and glimpse gradients, keys from the
 /// compatibility gradients and queries. Each output is written once, summed over the rows
-/// in row order (a zero coefficient adds an exact zero).
+/// in row order. A row where every node of the block is masked is left out: each of its
+/// coefficients is zero, and adds an exact zero to a sum that never holds −0 (late in a
+/// decode most rows have most nodes closed).
 #[inline(always)]
 fn instance_grads<M: MulAdd>(
     dims: Dims,
     instance: &InstanceBack,
-    scratch: &BackScratch,
+    (scratch, open_rows): (&BackScratch, &mut Vec<u32>),
     out: InstanceGrads,
 ) {
+    let (mask, at, live) = instance.mask;
     let mut node = 0;
     while node < dims.nodes {
         let count = rows_in_block::<M>(dims.nodes - node);
         let out = (&mut *out.0, &mut *out.1, &mut *out.2);
+        let nodes = (dims.nodes, node);
+        let x = (dims, instance, scratch);
         match count {
-            8 => instance_grads_nodes::<M, 8>(dims, instance, scratch, out, node),
-            4 => instance_grads_nodes::<M, 4>(dims, instance, scratch, out, node),
-            2 => instance_grads_nodes::<M, 2>(dims, instance, scratch, out, node),
-            _ => instance_grads_nodes::<M, 1>(dims, instance, scratch, out, node),
+            8 => {
+                let rows = rows_open_at_any::<8>(mask, nodes, (at, live), open_rows);
+                instance_grads_nodes::<M, 8>(x, rows, out, node)
+            }
+            4 => {
+                let rows = rows_open_at_any::<4>(mask, nodes, (at, live), open_rows);
+                instance_grads_nodes::<M, 4>(x, rows, out, node)
+            }
+            2 => {
+                let rows = rows_open_at_any::<2>(mask, nodes, (at, live), open_rows);
+                instance_grads_nodes::<M, 2>(x, rows, out, node)
+            }
+            _ => {
+                let rows = rows_open_at_any::<1>(mask, nodes, (at, live), open_rows);
+                instance_grads_nodes::<M, 1>(x, rows, out, node)
+            }
         }
         node += count;
     }
 }
 
-/// [`instance_grads`] for nodes `first..first + R`: each node's coefficients are a
-/// column of a `[S, ·]` table, read in place.
+/// [`instance_grads`] for nodes `first..first + R`, over the rows `rows`: each node's
+/// coefficients are a column of a `[S, ·]` table, read in place.
 #[inline(always)]
 fn instance_grads_nodes<M: MulAdd, const R: usize>(
-    dims: Dims,
-    instance: &InstanceBack,
-    scratch: &BackScratch,
+    (dims, instance, scratch): (Dims, &InstanceBack, &BackScratch),
+    rows: OpenTerms,
     (d_keys, d_values, d_logit_keys): InstanceGrads,
     first: usize,
 ) {
@@ -1476,14 +1554,15 @@ fn instance_grads_nodes<M: MulAdd, const R: usize>(
     };
     let d_logits = &scratch.d_logits[first..];
     let out = &mut d_logit_keys[at..];
-    weighted_sums::<M, R>(d_logits, instance.glimpse, (d, d), over_rows(n), out);
+    rows.weighted_sums::<M, R>(d_logits, instance.glimpse, (d, d), over_rows(n), out);
     for head in 0..h {
         let column = head * n + first;
         let out = at + head * dk;
         let d_glimpse = &scratch.d_glimpse[head * dk..];
         let attention = &instance.attention[column..];
         let values_out = &mut d_values[out..];
-        weighted_sums::<M, R>(attention, d_glimpse, (d, dk), over_rows(h * n), values_out);
+        let sums = (d, dk);
+        rows.weighted_sums::<M, R>(attention, d_glimpse, sums, over_rows(h * n), values_out);
         if instance.from_tables {
             for node in 0..R {
                 d_keys[out + node * d..][..dk].fill(0.0);
@@ -1492,13 +1571,8 @@ fn instance_grads_nodes<M: MulAdd, const R: usize>(
         }
         let query = &instance.query[head * dk..];
         let d_compat = &scratch.d_compat[column..];
-        weighted_sums::<M, R>(
-            d_compat,
-            query,
-            (d, dk),
-            over_rows(h * n),
-            &mut d_keys[out..],
-        );
+        let keys_out = &mut d_keys[out..];
+        rows.weighted_sums::<M, R>(d_compat, query, (d, dk), over_rows(h * n), keys_out);
     }
 }
 #[cfg(test)]
@@ -1510,7 +1584,7 @@ mod tests {
     use crate::test_support::pseudo_random;
 
     /// A step's inputs and output gradient, fixed pseudo-random values; every third node
-    /// of the flattened `[R, N]` mask is masked.
+    /// of the flattened `[R, N]` mask is masked, and a run of nodes in some rows.
     pub(super) struct StepData {
         pub(super) dims: Dims,
         query: Vec<f32>,
@@ -1547,7 +1621,10 @@ mod tests {
             let keys = pseudo_random(b * n * d, 2, 0.125);
             let values = pseudo_random(b * n * d, 3, 0.5);
             let logit_keys = pseudo_random(b * n * d, 4, 0.05);
-            let mask: Vec<u8> = (0..rows * n).map(|i| u8::from(i % 3 == 1)).collect();
+            // Every fourth row also has nodes 8 to 15 closed, as late in a decode: the
+            // backward pass's sums over rows leave it out for those nodes.
+            let closed = |i: usize| i % 3 == 1 || ((i / n) % 4 == 3 && (i % n) / 8 == 1);
+            let mask: Vec<u8> = (0..rows * n).map(|i| u8::from(closed(i))).collect();
             // [B, 3d, Np]: each instance's three [N, d] blocks, by feature.
             let np = padded(n);
             let mut by_feature = vec![0.0f32; b * 3 * d * np];

@@ -85,8 +85,12 @@ pub(super) fn backward_unit(
     }
     let live = live_rows(&forced);
     if live.is_empty() {
-        for table in [dk, dv, dl, dt] {
+        for table in [dk, dv, dl] {
             table.fill(0.0);
+        }
+        // Zero, added to a sum, changes no bit ([`super::table_grads`]).
+        if !dt.adding {
+            dt.out.fill(0.0);
         }
     } else {
         kernel(dims, scale, (from, i), (dq, dk, dv, dl, dt), buffers, &live);
@@ -98,7 +102,7 @@ mod tests {
     use super::super::tests::{same, StepData};
     use super::super::{
         backward_instance, backward_instance_dispatch, forward_piece, forward_piece_dispatch,
-        forward_with, Grads, Pieces, Saved,
+        forward_with, Grads, Pieces, Saved, TableGrad,
     };
     use super::*;
     use crate::ops::row_kernels::Plain;
@@ -194,7 +198,10 @@ mod tests {
                 &mut grads.glimpse_keys[i * n * d..][..n * d],
                 &mut grads.glimpse_values[i * n * d..][..n * d],
                 &mut grads.logit_keys[i * n * d..][..n * d],
-                &mut grads.compat_tables[i * tables..][..tables],
+                TableGrad {
+                    out: &mut grads.compat_tables[i * tables..][..tables],
+                    adding: false,
+                },
             );
             backward(
                 dims,
