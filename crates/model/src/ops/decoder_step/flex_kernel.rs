@@ -190,17 +190,21 @@ fn table_len(dims: Dims) -> usize {
     (dims.nodes + 1) * dims.heads * padded(dims.nodes)
 }
 
-/// tanh on eight lanes through [`MulAdd::exp8`]: 1 − 2 / (e^{2x} + 1). Absolute error
-/// ~1e-7 (relative error grows as |x| → 0, where tanh does: the logits are
-/// `clip · tanh`, so it is the absolute error that reaches them).
+/// tanh on whole 8-lane chunks through [`MulAdd::exp_chunks`]: 1 − 2 / (e^{2x} + 1).
+/// Absolute error ~1e-7 (relative error grows as |x| → 0, where tanh does: the logits
+/// are `clip · tanh`, so it is the absolute error that reaches them).
 #[inline(always)]
-fn tanh8<M: MulAdd>(x: &mut [f32; 8]) {
-    for v in x.iter_mut() {
-        *v *= 2.0;
+fn tanh_chunks<M: MulAdd>(x: &mut [f32]) {
+    for chunk in x.chunks_exact_mut(8) {
+        for v in chunk {
+            *v *= 2.0;
+        }
     }
-    M::exp8(x);
-    for v in x.iter_mut() {
-        *v = 1.0 - 2.0 / (*v + 1.0);
+    M::exp_chunks(x);
+    for chunk in x.chunks_exact_mut(8) {
+        for v in chunk {
+            *v = 1.0 - 2.0 / (*v + 1.0);
+        }
     }
 }
 
@@ -677,9 +681,7 @@ fn log_softmax_row<M: MulAdd>(
     (tanh, log_probs): (&mut [f32], &mut [f32]),
 ) {
     let n = mask.len();
-    for z in lanes.chunks_exact_mut(8) {
-        tanh8::<M>(z.try_into().expect("8 lanes"));
-    }
+    tanh_chunks::<M>(lanes);
     tanh.copy_from_slice(&lanes[..n]);
     for z in lanes.iter_mut() {
         *z = clipped(*z, scale);
@@ -1465,9 +1467,7 @@ fn logit_grads_row<M: MulAdd>(
     let probs = &mut scratch.probs;
     probs[..n].copy_from_slice(log_probs);
     probs[n..].fill(0.0);
-    for p in probs.chunks_exact_mut(8) {
-        M::exp8_unfused(p.try_into().expect("8 lanes"));
-    }
+    M::exp_chunks_unfused(probs);
     // log_softmax: dz = g − p·Σg (the sum over every entry, as the composed form takes
     // it); masked entries get none. tanh clipping: dlogit = dz · C/T · (1 − tanh²).
     let total: f32 = grad_out.iter().sum();
