@@ -37,8 +37,8 @@ use rayon::prelude::*;
 
 use crate::ops::row_kernels::{
     heads_fit, kept_exp_sum, kept_max, masked_softmax_rows, open_nodes_of_any, padded,
-    rows_in_block, rows_open_at_any, simd_dispatch, unwritten, weighted_sums, MulAdd, OpenTerms,
-    RowsAt, MAX_ROW_BLOCK,
+    rows_in_block, rows_open_at_any, simd_dispatch, unwritten, weighted_sums, MulAdd, RowsAt,
+    MAX_ROW_BLOCK,
 };
 
 /// Sizes of one step.
@@ -1500,41 +1500,28 @@ fn instance_grads<M: MulAdd>(
     (scratch, open_rows): (&BackScratch, &mut Vec<u32>),
     out: InstanceGrads,
 ) {
-    let (mask, at, live) = instance.mask;
     let mut node = 0;
     while node < dims.nodes {
         let count = rows_in_block::<M>(dims.nodes - node);
         let out = (&mut *out.0, &mut *out.1, &mut *out.2);
-        let nodes = (dims.nodes, node);
         let x = (dims, instance, scratch);
         match count {
-            8 => {
-                let rows = rows_open_at_any::<8>(mask, nodes, (at, live), open_rows);
-                instance_grads_nodes::<M, 8>(x, rows, out, node)
-            }
-            4 => {
-                let rows = rows_open_at_any::<4>(mask, nodes, (at, live), open_rows);
-                instance_grads_nodes::<M, 4>(x, rows, out, node)
-            }
-            2 => {
-                let rows = rows_open_at_any::<2>(mask, nodes, (at, live), open_rows);
-                instance_grads_nodes::<M, 2>(x, rows, out, node)
-            }
-            _ => {
-                let rows = rows_open_at_any::<1>(mask, nodes, (at, live), open_rows);
-                instance_grads_nodes::<M, 1>(x, rows, out, node)
-            }
+            8 => instance_grads_nodes::<M, 8>(x, open_rows, out, node),
+            4 => instance_grads_nodes::<M, 4>(x, open_rows, out, node),
+            2 => instance_grads_nodes::<M, 2>(x, open_rows, out, node),
+            _ => instance_grads_nodes::<M, 1>(x, open_rows, out, node),
         }
         node += count;
     }
 }
 
-/// [`instance_grads`] for nodes `first..first + R`, over the rows `rows`: each node's
-/// coefficients are a column of a `[S, ·]` table, read in place.
+/// [`instance_grads`] for nodes `first..first + R`, over the rows where some of them is
+/// open ([`rows_open_at_any`], listed in `open_rows`): each node's coefficients are a
+/// column of a `[S, ·]` table, read in place.
 #[inline(always)]
 fn instance_grads_nodes<M: MulAdd, const R: usize>(
     (dims, instance, scratch): (Dims, &InstanceBack, &BackScratch),
-    rows: OpenTerms,
+    open_rows: &mut Vec<u32>,
     (d_keys, d_values, d_logit_keys): InstanceGrads,
     first: usize,
 ) {
@@ -1545,6 +1532,8 @@ fn instance_grads_nodes<M: MulAdd, const R: usize>(
         dims.embed(),
         dims.starts,
     );
+    let (mask, at, live) = instance.mask;
+    let rows = rows_open_at_any::<R>(mask, (n, first), (at, live), open_rows);
     let at = first * d;
     let over_rows = |row_length| RowsAt {
         coef_stride: 1,
