@@ -1034,25 +1034,77 @@ fn kept_max8_avx2(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]) {
     unsafe { _mm256_storeu_ps(max.as_mut_ptr(), _mm256_max_ps(candidate, m)) };
 }
 
+/// The groups `(first chunk, chunks)` in which the AVX2 exponentials take `chunks` 8-lane
+/// chunks, in order: fours, the last group taking the one to three left over with it
+/// (five to seven), so no chunk runs alone unless there are fewer than four. One
+/// register's exponential is a chain of ~14 dependent operations; a chunk alone after the
+/// fours waited on its own chain (on a 2-core Zen 1, a row's softmax 25% slower at
+/// n = 50, its 7 chunks taken 4 + 1 + 1 + 1, than 7 at once).
+#[cfg(target_arch = "x86_64")]
+fn chunk_groups(chunks: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut first = 0;
+    std::iter::from_fn(move || {
+        let left = chunks - first;
+        let size = if left >= 8 || left == 4 { 4 } else { left };
+        (size > 0).then(|| {
+            first += size;
+            (first - size, size)
+        })
+    })
+}
+
+/// `$body` with the const `$k` bound to `$size`, one of [`chunk_groups`]' sizes (1 to 7).
+#[cfg(target_arch = "x86_64")]
+macro_rules! with_group_size {
+    ($size:expr, $k:ident => $body:expr) => {
+        match $size {
+            1 => {
+                const $k: usize = 1;
+                $body
+            }
+            2 => {
+                const $k: usize = 2;
+                $body
+            }
+            3 => {
+                const $k: usize = 3;
+                $body
+            }
+            4 => {
+                const $k: usize = 4;
+                $body
+            }
+            5 => {
+                const $k: usize = 5;
+                $body
+            }
+            6 => {
+                const $k: usize = 6;
+                $body
+            }
+            size => {
+                assert_eq!(size, 7, "chunk_groups' sizes are 1 to 7");
+                const $k: usize = 7;
+                $body
+            }
+        }
+    };
+}
+
 /// [`MulAdd::kept_exp_sum`] in AVX2 registers, the same operations lane by lane. Written
 /// out because LLVM compiled the generic form's products and sums lane by lane through
 /// memory in some callers (a third of the forward kernel's time), depending on what was
-/// inlined around it. Four chunks at a time, their exponentials side by side
-/// ([`exp_avx2`]), each chunk's added to the sums in order.
+/// inlined around it. The chunks in [`chunk_groups`], each group's exponentials side by
+/// side ([`exp_avx2`]), each chunk's added to the sums in order.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 fn kept_exp_sum_avx2(values: &mut [f32], max: f32, keep: &[f32]) -> f32 {
     use std::arch::x86_64::*;
     let mut sums = _mm256_setzero_ps();
-    let mut fours = values.chunks_exact_mut(32);
-    let mut keep_fours = keep.chunks_exact(32);
-    for (v, k) in (&mut fours).zip(&mut keep_fours) {
-        sums = kept_exp_add::<4>(v, k, max, sums);
-    }
-    let (values, keep) = (fours.into_remainder(), keep_fours.remainder());
-    for (v, k) in values.chunks_exact_mut(8).zip(keep.chunks_exact(8)) {
-        sums = kept_exp_add::<1>(v, k, max, sums);
+    for (c, k) in chunk_groups(values.len().min(keep.len()) / 8) {
+        let (v, kept) = (&mut values[8 * c..8 * (c + k)], &keep[8 * c..8 * (c + k)]);
+        sums = with_group_size!(k, K => kept_exp_add::<K>(v, kept, max, sums));
     }
     let mut lanes = [0.0f32; 8];
     // SAFETY: the store touches exactly `lanes`' eight floats.
@@ -1101,17 +1153,14 @@ fn exp8_avx2(x: &mut [f32; 8]) {
 }
 
 /// [`exp8_avx2`] (`FUSED`) or [`exp8_unfused_avx2`] on each whole 8-lane chunk of `x`,
-/// four chunks at a time ([`exp_avx2`]).
+/// in [`chunk_groups`], each group's side by side ([`exp_avx2`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 fn exp_chunks_avx2<const FUSED: bool>(x: &mut [f32]) {
-    let mut fours = x.chunks_exact_mut(32);
-    for four in &mut fours {
-        exp_in_place::<FUSED, 4>(four);
-    }
-    for one in fours.into_remainder().chunks_exact_mut(8) {
-        exp_in_place::<FUSED, 1>(one);
+    for (c, k) in chunk_groups(x.len() / 8) {
+        let group = &mut x[8 * c..8 * (c + k)];
+        with_group_size!(k, K => exp_in_place::<FUSED, K>(group));
     }
 }
 
@@ -1661,9 +1710,9 @@ mod tests {
                 Plain::kept_max8(values, keep, max)
             }
         }
-        // Chunks taken four at a time, then one at a time: whole fours, and fours with
-        // one, two and three chunks left over.
-        for chunks in [1, 3, 4, 64, 66, 67] {
+        // Every group size of `chunk_groups`: fewer than four chunks, whole fours, and
+        // fours whose last group takes one, two or three more.
+        for chunks in [1, 2, 3, 4, 5, 6, 7, 13, 64, 66, 67] {
             let values = pseudo_random(8 * chunks, 11, 20.0);
             let keep: Vec<f32> = (0..8 * chunks).map(|i| f32::from(i % 3 != 1)).collect();
             let (mut got, mut want) = (values.clone(), values);
@@ -1698,8 +1747,7 @@ mod tests {
         let mut inputs: Vec<f32> = edges.into_iter().chain(sweep).collect();
         inputs.resize(padded(inputs.len()), 0.0);
         let want: Vec<f32> = inputs.iter().map(|&x| exp_lane(x)).collect();
-        // Whole slices (four chunks at a time, then the chunks left over, 25,002 chunks
-        // in all) and chunk by chunk.
+        // Whole slices (25,002 chunks: fours, the last group six) and chunk by chunk.
         let mut got = inputs.clone();
         Fused::exp_chunks_unfused(&mut got);
         for (k, chunk) in inputs.chunks_exact(8).enumerate() {
@@ -1716,8 +1764,8 @@ mod tests {
         assert!(nan.iter().all(|x| x.is_nan()));
     }
 
-    /// The fused exponential on whole slices, four chunks at a time and then one, gives
-    /// [`MulAdd::exp8`]'s bits chunk by chunk.
+    /// The fused exponential on whole slices, in every group size of [`chunk_groups`],
+    /// gives [`MulAdd::exp8`]'s bits chunk by chunk.
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn exp_chunks_give_exp8s_bits() {
@@ -1725,7 +1773,7 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX2 and FMA");
             return;
         }
-        for chunks in [1, 3, 4, 5, 66, 67] {
+        for chunks in [1, 2, 3, 4, 5, 6, 7, 13, 66, 67] {
             let inputs = pseudo_random(8 * chunks, 5, 40.0);
             let mut got = inputs.clone();
             Fused::exp_chunks(&mut got);
@@ -1734,6 +1782,33 @@ mod tests {
                 Fused::exp8(&mut want);
                 assert_eq!(bits(&got[8 * k..8 * k + 8]), bits(&want), "{chunks} chunks");
             }
+        }
+    }
+
+    /// The exponentials' groups, by hand: every chunk once and in order, fours, and the
+    /// one to three left over in the last group.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn chunk_groups_take_fours_and_the_rest_with_the_last() {
+        let groups = |chunks| chunk_groups(chunks).collect::<Vec<_>>();
+        assert_eq!(groups(0), []);
+        assert_eq!(groups(3), [(0, 3)]);
+        assert_eq!(groups(4), [(0, 4)]);
+        assert_eq!(groups(7), [(0, 7)]);
+        assert_eq!(groups(8), [(0, 4), (4, 4)]);
+        assert_eq!(groups(13), [(0, 4), (4, 4), (8, 5)]);
+        assert_eq!(groups(15), [(0, 4), (4, 4), (8, 7)]);
+        for chunks in 0..100 {
+            let mut next = 0;
+            for (first, size) in chunk_groups(chunks) {
+                assert_eq!(first, next, "{chunks} chunks");
+                assert!(
+                    (4..=7).contains(&size) || chunks < 4,
+                    "{chunks} chunks: {size}"
+                );
+                next += size;
+            }
+            assert_eq!(next, chunks);
         }
     }
 
