@@ -21,23 +21,17 @@ pub(crate) trait MulAdd {
     fn mul_add(a: f32, b: f32, c: f32) -> f32;
     /// `x[i] = e^x[i]` as [`exp_lane`] computes it.
     fn exp8(x: &mut [f32; 8]);
-    /// `x[i] = exp_lane(x[i])`, bit for bit: its products and sums rounded apart, as the
-    /// scalar form rounds them.
-    fn exp8_unfused(x: &mut [f32; 8]) {
-        for v in x.iter_mut() {
-            *v = exp_lane(*v);
-        }
-    }
     /// [`MulAdd::exp8`] on each whole 8-lane chunk of `x`.
     fn exp_chunks(x: &mut [f32]) {
         for chunk in x.chunks_exact_mut(8) {
             Self::exp8(chunk.try_into().expect("8 lanes"));
         }
     }
-    /// [`MulAdd::exp8_unfused`] on each whole 8-lane chunk of `x`.
+    /// `x[i] = exp_lane(x[i])` on each whole 8-lane chunk of `x`, bit for bit: its
+    /// products and sums rounded apart, as the scalar form rounds them.
     fn exp_chunks_unfused(x: &mut [f32]) {
-        for chunk in x.chunks_exact_mut(8) {
-            Self::exp8_unfused(chunk.try_into().expect("8 lanes"));
+        for v in x.chunks_exact_mut(8).flatten() {
+            *v = exp_lane(*v);
         }
     }
     /// One chunk of [`kept_max`]: `max[i]` becomes `values[i]` where `keep[i]` is
@@ -92,17 +86,6 @@ impl MulAdd for Fused {
         }
         #[cfg(not(target_arch = "x86_64"))]
         Plain::exp8(x)
-    }
-
-    #[inline(always)]
-    fn exp8_unfused(x: &mut [f32; 8]) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as for `exp8`.
-        unsafe {
-            exp8_unfused_avx2(x)
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        Plain::exp8_unfused(x)
     }
 
     #[inline(always)]
@@ -167,11 +150,6 @@ impl MulAdd for Wide {
     #[inline(always)]
     fn exp8(x: &mut [f32; 8]) {
         Fused::exp8(x)
-    }
-
-    #[inline(always)]
-    fn exp8_unfused(x: &mut [f32; 8]) {
-        Fused::exp8_unfused(x)
     }
 
     #[inline(always)]
@@ -1152,7 +1130,7 @@ fn exp8_avx2(x: &mut [f32; 8]) {
     exp_in_place::<true, 1>(x)
 }
 
-/// [`exp8_avx2`] (`FUSED`) or [`exp8_unfused_avx2`] on each whole 8-lane chunk of `x`,
+/// [`exp8_avx2`] (`FUSED`) or [`exp_lane`]'s unfused form on each whole 8-lane chunk of `x`,
 /// in [`chunk_groups`], each group's side by side ([`exp_avx2`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
@@ -1183,7 +1161,7 @@ fn exp_in_place<const FUSED: bool, const K: usize>(x: &mut [f32]) {
     }
 }
 
-/// [`exp8_avx2`] (`FUSED`) or [`exp8_unfused_avx2`] on `K` registers, step by step
+/// [`exp8_avx2`] (`FUSED`) or [`exp_lane`]'s unfused form on `K` registers, step by step
 /// across them: one register's exponential is a chain of ~14 dependent operations, and
 /// `K` chains side by side give the core independent work at every step (on a 2-core
 /// Zen 1, four took ~20% fewer samples than one in a POMO CVRP100 step's exponentials).
@@ -1255,16 +1233,6 @@ fn sub_mul_avx2<const FUSED: bool>(
     } else {
         _mm256_sub_ps(c, _mm256_mul_ps(a, b))
     }
-}
-
-/// [`exp_lane`] on eight lanes in AVX2 registers, each product and sum rounded apart as
-/// the scalar form rounds them, so every lane gets its bits (NaN stays NaN, as through
-/// `clamp`).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-fn exp8_unfused_avx2(x: &mut [f32; 8]) {
-    exp_in_place::<false, 1>(x)
 }
 
 /// The largest of `values` where `keep` is non-zero (−∞ when none is), 8 lanes at a time.
@@ -1724,11 +1692,11 @@ mod tests {
         }
     }
 
-    /// The eight-lane exponential with its products and sums rounded apart gives
-    /// [`exp_lane`]'s bits, across the range and at its edges.
+    /// The AVX2 exponential with its products and sums rounded apart gives [`exp_lane`]'s
+    /// bits, across the range and at its edges, on whole slices and chunk by chunk.
     #[test]
     #[cfg(target_arch = "x86_64")]
-    fn unfused_exp8_gives_exp_lanes_bits() {
+    fn unfused_avx2_exp_gives_exp_lanes_bits() {
         if !has_avx2_fma() {
             eprintln!("skipped: this CPU has no AVX2 and FMA");
             return;
@@ -1752,15 +1720,19 @@ mod tests {
         Fused::exp_chunks_unfused(&mut got);
         for (k, chunk) in inputs.chunks_exact(8).enumerate() {
             let mut lanes: [f32; 8] = chunk.try_into().expect("8 lanes");
-            // SAFETY: the CPU has AVX2 and FMA (checked above).
-            unsafe { exp8_unfused_avx2(&mut lanes) };
+            Fused::exp_chunks_unfused(&mut lanes);
             let want = &want[8 * k..8 * k + 8];
             assert_eq!(bits(&lanes), bits(want), "at {chunk:?}");
             assert_eq!(bits(&got[8 * k..8 * k + 8]), bits(want), "at {chunk:?}");
         }
+        // Every group size of `chunk_groups`, from the edges on.
+        for chunks in [1, 2, 3, 4, 5, 6, 7, 13] {
+            let mut part = inputs[..8 * chunks].to_vec();
+            Fused::exp_chunks_unfused(&mut part);
+            assert_eq!(bits(&part), bits(&want[..8 * chunks]), "{chunks} chunks");
+        }
         let mut nan = [f32::NAN; 8];
-        // SAFETY: as above.
-        unsafe { exp8_unfused_avx2(&mut nan) };
+        Fused::exp_chunks_unfused(&mut nan);
         assert!(nan.iter().all(|x| x.is_nan()));
     }
 
