@@ -1035,36 +1035,15 @@ fn chunk_groups(chunks: usize) -> impl Iterator<Item = (usize, usize)> {
 #[cfg(target_arch = "x86_64")]
 macro_rules! with_group_size {
     ($size:expr, $k:ident => $body:expr) => {
+        with_group_size!(@ $size, $k, $body, 1 2 3 4 5 6 7)
+    };
+    (@ $size:expr, $k:ident, $body:expr, $($n:literal)*) => {
         match $size {
-            1 => {
-                const $k: usize = 1;
+            $($n => {
+                const $k: usize = $n;
                 $body
-            }
-            2 => {
-                const $k: usize = 2;
-                $body
-            }
-            3 => {
-                const $k: usize = 3;
-                $body
-            }
-            4 => {
-                const $k: usize = 4;
-                $body
-            }
-            5 => {
-                const $k: usize = 5;
-                $body
-            }
-            6 => {
-                const $k: usize = 6;
-                $body
-            }
-            size => {
-                assert_eq!(size, 7, "chunk_groups' sizes are 1 to 7");
-                const $k: usize = 7;
-                $body
-            }
+            })*
+            size => unreachable!("chunk_groups' sizes are 1 to 7, not {size}"),
         }
     };
 }
