@@ -1016,8 +1016,8 @@ fn kept_max8_avx2(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]) {
 /// chunks, in order: fours, the last group taking the one to three left over with it
 /// (five to seven), so no chunk runs alone unless there are fewer than four. One
 /// register's exponential is a chain of ~14 dependent operations; a chunk alone after the
-/// fours waited on its own chain (on a 2-core Zen 1, a row's softmax 25% slower at
-/// n = 50, its 7 chunks taken 4 + 1 + 1 + 1, than 7 at once).
+/// fours waited on its own chain (on a 2-core Zen 1, a row's masked softmax at n = 50
+/// took ~50% longer as 4 + 1 + 1 + 1 chunks than as 7 at once).
 #[cfg(target_arch = "x86_64")]
 fn chunk_groups(chunks: usize) -> impl Iterator<Item = (usize, usize)> {
     let mut first = 0;
