@@ -66,8 +66,20 @@ fn check_decodes(model: &impl Policy, n: usize, count: usize, rng: &mut Instance
                     .with_multi_start(true)
                     .with_check_every(1),
             ),
+            (
+                "fewer-starts-sample",
+                DecodeOptions::sample(1.0)
+                    .with_multi_start(true)
+                    .with_starts(Some(n.div_ceil(2))),
+            ),
         ] {
-            let rows = if options.multi_start { n } else { 1 };
+            let rows = options.rows_per_instance(n);
+            let expected_rows = match options.starts {
+                Some(starts) => starts,
+                None if options.multi_start => n,
+                None => 1,
+            };
+            assert_eq!(rows, expected_rows);
             let problem = DeviceBatch::upload(
                 &batch,
                 Some((

@@ -374,6 +374,32 @@ fn leader_alpha_changes_pomo_training_and_1_is_pomo() {
     assert_ne!(runs[0][1], runs[2][1]);
 }
 
+/// `reinforce.starts`: n starts is POMO's run exactly; fewer train from fewer tours (each
+/// epoch's costs are the means of the first customers' tours alone), and the run repeats;
+/// two shards split the batch by instance, each with its starts.
+#[test]
+fn fewer_pomo_starts_train_and_n_starts_is_pomo() {
+    let _serial = serial();
+    let mut plain = one_shard(tiny("pomo"));
+    plain.training.epochs = 2;
+    let run = |starts: Option<usize>, shards: usize, name: &str| {
+        let mut config = plain.clone();
+        config.reinforce.starts = starts;
+        config.training.shards = Some(shards);
+        let dir = tmp(name);
+        train(options(config, &dir, false, None)).unwrap();
+        let got = numbers(&dir);
+        std::fs::remove_dir_all(dir).ok();
+        got
+    };
+    let all = run(None, 1, "starts-all");
+    assert_eq!(all, run(Some(6), 1, "starts-6"));
+    let three = run(Some(3), 1, "starts-3");
+    assert_ne!(all[0], three[0]);
+    assert_eq!(three, run(Some(3), 1, "starts-3-again"));
+    assert_eq!(run(Some(3), 2, "starts-3-sharded").len(), 2);
+}
+
 fn one_shard(mut config: Config) -> Config {
     config.training.shards = Some(1);
     config
@@ -535,6 +561,19 @@ fn config_errors_name_the_key() {
         (
             TINY.replace("\"rollout\"", "\"pomo\"\nleader_alpha = 0.5"),
             "reinforce.leader_alpha",
+        ),
+        // POMO's starts: with POMO only, from 2 to n.
+        (
+            TINY.replace("warmup_epochs = 1", "warmup_epochs = 1\nstarts = 3"),
+            "reinforce.starts",
+        ),
+        (
+            TINY.replace("\"rollout\"", "\"pomo\"\nstarts = 7"),
+            "reinforce.starts` must be from 2 (a tour against the mean of its instance's) to `problem.n`, got 7 with n = 6",
+        ),
+        (
+            TINY.replace("\"rollout\"", "\"pomo\"\nstarts = 1"),
+            "reinforce.starts",
         ),
         (
             TINY.replace("batches_per_epoch = 3", "batches_per_epoch = 0"),

@@ -253,7 +253,7 @@ pub struct Precomputed {
     compat_tables: Option<Tensor<3>>,
     /// How the decode runs, decided once with the precomputation.
     route: DecodeRoute,
-    /// Rollouts per instance: S = n for a multi-start decode, else 1.
+    /// Rollouts per instance: S = n for a multi-start decode (or its fewer starts), else 1.
     starts: usize,
     /// The products' precision on this device, for the op-by-op multi-start step.
     precision: MatmulPrecision,
@@ -1197,6 +1197,43 @@ mod tests {
                     read(reference.log_likelihood),
                     "{what}"
                 );
+            }
+        }
+    }
+
+    /// A multi-start decode from the first K customers is the full one's rollouts from
+    /// those customers: rollouts are independent given their instance, so greedily the
+    /// same tours and log-likelihoods, bit for bit, on both of flex's step forms.
+    #[test]
+    fn fewer_starts_are_the_first_rollouts_of_every_start() {
+        use routeburn_data::{Generator, InstanceRng};
+        let device = Backend::first_on_host().unwrap().device().unwrap();
+        let batch = Generator::uniform(9).sample_batch(&mut InstanceRng::new(4), 3);
+        let problem = DeviceBatch::upload(&batch, None, &device);
+        for kernel in [StepKernel::Fused, StepKernel::OpByOp] {
+            let model = small_model(&device).with_step_kernel(kernel);
+            let decode = |starts| {
+                let options = DecodeOptions::greedy()
+                    .with_multi_start(true)
+                    .with_starts(starts);
+                let out = model.decode(&problem, &options);
+                let [_, t] = out.actions.dims();
+                (read_ints(out.actions), read(out.log_likelihood), t)
+            };
+            let (all, all_ll, t) = decode(None);
+            let (four, four_ll, t4) = decode(Some(4));
+            assert_eq!(four_ll.len(), 3 * 4);
+            for instance in 0..3 {
+                for start in 0..4 {
+                    let (row, ours) = (instance * 9 + start, instance * 4 + start);
+                    let tour = &four[ours * t4..][..t4];
+                    assert_eq!(tour[0] as usize, start + 1, "forced first customer");
+                    // The shorter decode may stop earlier: the rest is depot padding.
+                    let full = &all[row * t..][..t];
+                    assert_eq!(&full[..t4], tour, "{kernel:?} row {row}");
+                    assert!(full[t4..].iter().all(|&a| a == 0));
+                    assert_eq!(all_ll[row].to_bits(), four_ll[ours].to_bits());
+                }
             }
         }
     }

@@ -37,6 +37,9 @@ pub struct DecodeOptions {
     pub selection: Selection,
     /// POMO's multi-start: one rollout per instance and first customer (n rows each).
     pub multi_start: bool,
+    /// With `multi_start`, the first this many customers only (rollout s starts at
+    /// customer s + 1), where fewer than all n; `None` starts from every customer.
+    pub starts: Option<usize>,
     /// Check for "every instance finished" every this many steps (each check is one device
     /// read). Larger values save syncs at the cost of up to `check_every - 1` wasted
     /// steps. CubeCL devices ignore it: they always run 2n steps (`FinishChecks::Never`).
@@ -53,6 +56,7 @@ impl DecodeOptions {
         Self {
             selection: Selection::Greedy,
             multi_start: false,
+            starts: None,
             check_every: Self::DEFAULT_CHECK_EVERY,
             log_likelihood: true,
         }
@@ -70,6 +74,12 @@ impl DecodeOptions {
         self
     }
 
+    /// A multi-start decode from the first `starts` customers (`None`: every customer).
+    pub fn with_starts(mut self, starts: Option<usize>) -> Self {
+        self.starts = starts;
+        self
+    }
+
     pub fn with_check_every(mut self, check_every: usize) -> Self {
         self.check_every = check_every.max(1);
         self
@@ -83,12 +93,13 @@ impl DecodeOptions {
         self
     }
 
-    /// Decodes per instance: n for a multi-start decode over n customers, else 1.
+    /// Decodes per instance: for a multi-start decode over n customers n, or its
+    /// `starts` where fewer; else 1.
     pub fn rows_per_instance(&self, n: usize) -> usize {
-        if self.multi_start {
-            n
-        } else {
-            1
+        match (self.multi_start, self.starts) {
+            (false, _) => 1,
+            (true, Some(starts)) => starts.min(n),
+            (true, None) => n,
         }
     }
 
@@ -225,10 +236,10 @@ fn start_state(
     if !options.multi_start {
         return (state, None);
     }
-    let forced = Tensor::<1, Int>::arange(1..n as i64 + 1, &problem.coords.device())
-        .reshape([1, n])
-        .expand([b, n])
-        .reshape([b * n, 1]); // [R, 1]
+    let forced = Tensor::<1, Int>::arange(1..starts as i64 + 1, &problem.coords.device())
+        .reshape([1, starts])
+        .expand([b, starts])
+        .reshape([b * starts, 1]); // [R, 1]
     state.step(forced.clone());
     (state, Some(forced))
 }

@@ -35,7 +35,7 @@ pub struct DeviceTargets {
 /// How much sampling noise to upload with a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NoiseShape {
-    /// Sampled decodes per instance (1, or n for multi-start).
+    /// Sampled decodes per instance (1, or a multi-start decode's starts: n or fewer).
     pub rows_per_instance: usize,
 }
 

@@ -704,8 +704,10 @@ fn table_header(config: &Config, precision: MatmulPrecision) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "\nn = {}, batch {}, {} steps, baseline {}, seed {}, {} shard(s) on every backend (training.shards), matmul precision {precision}; first step excluded from the timing (warm-up)\n",
-        config.problem.n, t.batch_size, t.epochs, format!("{:?}", config.reinforce.baseline).to_lowercase(), t.seed, t.shards.unwrap_or(1),
+        "\nn = {}, batch {}, {} steps, baseline {}{}, seed {}, {} shard(s) on every backend (training.shards), matmul precision {precision}; first step excluded from the timing (warm-up)\n",
+        config.problem.n, t.batch_size, t.epochs, format!("{:?}", config.reinforce.baseline).to_lowercase(),
+        config.reinforce.starts.map_or(String::new(), |k| format!(" from {k} starts")),
+        t.seed, t.shards.unwrap_or(1),
     );
     let _ = write!(s, "| backend | s/step | inst/s |");
     for p in Phase::step_phases() {

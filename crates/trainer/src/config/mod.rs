@@ -363,6 +363,11 @@ pub struct ReinforceConfig {
     /// Leader Reward's α (POMO only): each instance's best sampled tour has its advantage
     /// multiplied by this; 1 is POMO's own.
     pub leader_alpha: f64,
+    /// POMO's rollouts per instance (`baseline = "pomo"` only), from the first this many
+    /// customers, one each; left out, from every customer (n). Fewer starts make a step
+    /// cheaper (its work and memory grow with them) and its shared baseline noisier.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub starts: Option<usize>,
     /// On CUDA, the rollout baseline's greedy decode of each training batch as a device
     /// graph (a CUDA graph, recorded once per frozen policy and replayed); false decodes it
     /// kernel by kernel. The CPU backends have no device graphs and ignore it.
@@ -379,6 +384,7 @@ impl Default for ReinforceConfig {
             baseline_eval_size: 10_000,
             baseline_alpha: 0.05,
             leader_alpha: 1.0,
+            starts: None,
             baseline_graph: true,
         }
     }
@@ -738,7 +744,7 @@ impl Config {
             t.weight_decay,
         )?;
         match self.model_kind() {
-            ModelKind::Attention => self.reinforce.validate()?,
+            ModelKind::Attention => self.reinforce.validate(self.problem.n)?,
             ModelKind::Pointer => positive("supervised.labels", self.supervised.labels)?,
         }
         self.supervised.validate()?;
@@ -787,8 +793,22 @@ impl ModelConfig {
 }
 
 impl ReinforceConfig {
-    fn validate(&self) -> Result<(), InvalidValue> {
+    fn validate(&self, n: usize) -> Result<(), InvalidValue> {
         positive("reinforce.batches_per_epoch", self.batches_per_epoch)?;
+        if let Some(starts) = self.starts {
+            check(
+                self.baseline == BaselineKind::Pomo,
+                "reinforce.starts",
+                "left out unless `reinforce.baseline = \"pomo\"` (the starts of a multi-start decode)",
+                starts,
+            )?;
+            check(
+                (2..=n).contains(&starts),
+                "reinforce.starts",
+                "from 2 (a tour against the mean of its instance's) to `problem.n`",
+                format!("{starts} with n = {n}"),
+            )?;
+        }
         check(
             (0.0..1.0).contains(&self.exp_beta),
             "reinforce.exp_beta",

@@ -70,6 +70,7 @@ impl TrainingMethod for Reinforce {
         Ok(Self {
             sampling: DecodeOptions::sample(1.0)
                 .with_multi_start(baseline.multi_start())
+                .with_starts(config.reinforce.starts)
                 .with_check_every(config.training.decode_check_every),
             generator,
             batch_size: config.training.batch_size,
