@@ -49,6 +49,28 @@ fn every_pointer_network_decode_is_valid_and_costed_consistently() {
     assert!(decoded > 500, "decoded {decoded}");
 }
 
+/// Every decode strategy: greedy and sampled, single and multi-start (from every customer
+/// and from the first half of them).
+fn strategies(n: usize) -> [(&'static str, DecodeOptions); 5] {
+    [
+        ("greedy", DecodeOptions::greedy()),
+        ("sample", DecodeOptions::sample(1.0)),
+        ("multistart", DecodeOptions::greedy().with_multi_start(true)),
+        (
+            "multistart-sample",
+            DecodeOptions::sample(1.0)
+                .with_multi_start(true)
+                .with_check_every(1),
+        ),
+        (
+            "fewer-starts-sample",
+            DecodeOptions::sample(1.0)
+                .with_multi_start(true)
+                .with_starts(Some(n.div_ceil(2))),
+        ),
+    ]
+}
+
 /// Decodes `count` instances of every family with each strategy; checks every row with the
 /// cost crate and returns the number of rows decoded.
 fn check_decodes(model: &impl Policy, n: usize, count: usize, rng: &mut InstanceRng) -> usize {
@@ -56,28 +78,11 @@ fn check_decodes(model: &impl Policy, n: usize, count: usize, rng: &mut Instance
     let mut decoded = 0;
     for (family, instances) in instance_families(n, count, rng) {
         let batch = batch_of(&instances);
-        for (name, options) in [
-            ("greedy", DecodeOptions::greedy()),
-            ("sample", DecodeOptions::sample(1.0)),
-            ("multistart", DecodeOptions::greedy().with_multi_start(true)),
-            (
-                "multistart-sample",
-                DecodeOptions::sample(1.0)
-                    .with_multi_start(true)
-                    .with_check_every(1),
-            ),
-            (
-                "fewer-starts-sample",
-                DecodeOptions::sample(1.0)
-                    .with_multi_start(true)
-                    .with_starts(Some(n.div_ceil(2))),
-            ),
-        ] {
+        for (name, options) in strategies(n) {
             let rows = options.rows_per_instance(n);
             let expected_rows = match options.starts {
                 Some(starts) => starts,
-                None if options.multi_start => n,
-                None => 1,
+                None => [1, n][usize::from(options.multi_start)],
             };
             assert_eq!(rows, expected_rows);
             let problem = DeviceBatch::upload(
