@@ -1,13 +1,11 @@
 //! The crate's three layers, checked on its sources: the model imports the operations and
 //! the runtime, the operations import the runtime, and nothing imports back up (test code
-//! included); backend `cfg`s stand only in the operations and the runtime; no function is
-//! longer than the house limit. docs/design.md describes the layers.
+//! included); backend `cfg`s stand only in the operations and the runtime. docs/design.md
+//! describes the layers; the house limit on a function's length is checked for the whole
+//! workspace in `xtask/tests/house_style.rs`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
-
-/// The longest function the house style allows, in lines (signature to closing brace).
-const MOST_LINES: usize = 80;
 
 /// Every `.rs` file under `dir`, sorted.
 fn sources(dir: &Path) -> Vec<PathBuf> {
@@ -75,59 +73,4 @@ fn operations_and_runtime_import_nothing_above_them() {
 fn the_model_names_no_backend_feature() {
     let cfgs = lines_naming("model", &["feature = \""]);
     assert!(cfgs.is_empty(), "backend cfgs in the model:\n{cfgs:#?}");
-}
-
-/// Functions longer than [`MOST_LINES`], in the crate's sources and tests: from a line that
-/// opens a `fn` to the first line after it that closes a block at the same indentation.
-#[test]
-fn no_function_is_longer_than_the_house_limit() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut long = Vec::new();
-    for path in [sources(&root.join("src")), sources(&root.join("tests"))].concat() {
-        let text = fs::read_to_string(&path).unwrap();
-        let lines: Vec<&str> = text.lines().collect();
-        for (i, line) in lines.iter().enumerate() {
-            let trimmed = line.trim_start();
-            let opens = [
-                "fn ",
-                "pub fn ",
-                "pub(crate) fn ",
-                "pub(super) fn ",
-                "unsafe fn ",
-            ]
-            .iter()
-            .any(|p| trimmed.starts_with(p))
-                // `fn name => kernel(` names a function to a macro (`simd_dispatch!`); it
-                // has no body here.
-                && !trimmed.contains(" => ");
-            // A declaration without a body (a trait's method) ends its signature in `;`.
-            let signature_end = lines[i..]
-                .iter()
-                .map(|l| l.trim_end())
-                .find(|l| l.ends_with('{') || l.ends_with(';'));
-            if !opens || signature_end.is_none_or(|l| l.ends_with(';')) {
-                continue;
-            }
-            let indent = line.len() - trimmed.len();
-            let close = format!("{}}}", " ".repeat(indent));
-            let end = lines[i + 1..]
-                .iter()
-                .position(|l| l.starts_with(&close) && l.trim() == "}")
-                .map(|k| i + 1 + k);
-            if let Some(end) = end {
-                if end - i + 1 > MOST_LINES {
-                    long.push(format!(
-                        "{}:{}: {} lines",
-                        path.display(),
-                        i + 1,
-                        end - i + 1
-                    ));
-                }
-            }
-        }
-    }
-    assert!(
-        long.is_empty(),
-        "functions over {MOST_LINES} lines:\n{long:#?}"
-    );
 }

@@ -11,6 +11,16 @@ fn data() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data")
 }
 
+/// Asserts the command exited 0, showing its stderr where it did not.
+#[track_caller]
+fn assert_success(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("routeburn-cli-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
@@ -56,6 +66,18 @@ fn check_reproduces_every_cvrplib_cost() {
     assert_eq!(count, 87);
 }
 
+/// `routeburn check VRP SOL` with `extra` flags.
+fn check(vrp: &Path, sol: &Path, extra: &[&str]) -> std::process::Output {
+    routeburn()
+        .arg("check")
+        .args(extra)
+        .arg(vrp)
+        .arg(sol)
+        .output()
+        .unwrap()
+}
+
+/// Infeasible solutions exit 1 and say why; `--metric exact` gives the unrounded cost.
 #[test]
 fn check_exit_codes() {
     let dir = tmp("check");
@@ -63,33 +85,39 @@ fn check_exit_codes() {
     // Infeasible: drop a customer.
     let bad_sol = dir.join("bad.sol");
     std::fs::write(&bad_sol, "Route #1: 21 31 19 17 13 7 26\nRoute #2: 12 1 16 30\nRoute #3: 27 24\nRoute #4: 29 18 8 9 22 15 10 25 5 20\nRoute #5: 14 28 11 4 23 3 2\nCost 784\n").unwrap();
-    let out = routeburn()
-        .arg("check")
-        .arg(&vrp)
-        .arg(&bad_sol)
-        .output()
-        .unwrap();
+    let out = check(&vrp, &bad_sol, &[]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stdout).contains("never visited"));
     // Over capacity: everything on one route.
     let all: Vec<String> = (1..=31).map(|c| c.to_string()).collect();
     std::fs::write(&bad_sol, format!("Route #1: {}\n", all.join(" "))).unwrap();
-    let out = routeburn()
-        .arg("check")
-        .arg(&vrp)
-        .arg(&bad_sol)
-        .output()
-        .unwrap();
+    let out = check(&vrp, &bad_sol, &[]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stdout).contains("above the capacity 100"));
-    // Malformed: exit 2, naming file and line.
-    std::fs::write(&bad_sol, "Route #1: 1 2 x\n").unwrap();
-    let out = routeburn()
-        .arg("check")
-        .arg(&vrp)
-        .arg(&bad_sol)
-        .output()
+    // Exact metric on a CVRPLIB instance: the unrounded cost from INDEX.tsv (787.8083).
+    let out = check(
+        &vrp,
+        &data().join("cvrplib/A/A-n32-k5.sol"),
+        &["--metric", "exact"],
+    );
+    assert!(out.status.success());
+    let cost: f64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .trim_start_matches("cost ")
+        .parse()
         .unwrap();
+    assert!((cost - 787.8083).abs() < 1e-3, "{cost}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Malformed files, a missing file and a bad flag exit 2, naming the file and line.
+#[test]
+fn check_refuses_bad_input() {
+    let dir = tmp("check-input");
+    let vrp = data().join("cvrplib/A/A-n32-k5.vrp");
+    let bad_sol = dir.join("bad.sol");
+    std::fs::write(&bad_sol, "Route #1: 1 2 x\n").unwrap();
+    let out = check(&vrp, &bad_sol, &[]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -102,22 +130,12 @@ fn check_exit_codes() {
         "NAME : x\nDIMENSION : 3\nCAPACITY : 5\nNODE_COORD_SECTION\n1 0 0\n2 1 oops\n",
     )
     .unwrap();
-    let out = routeburn()
-        .arg("check")
-        .arg(&bad_vrp)
-        .arg(&bad_sol)
-        .output()
-        .unwrap();
+    let out = check(&bad_vrp, &bad_sol, &[]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.vrp:6"), "{err}");
     // Missing file (named once, the OS's reason said once) and bad flag.
-    let out = routeburn()
-        .arg("check")
-        .arg(dir.join("nope.vrp"))
-        .arg(&bad_sol)
-        .output()
-        .unwrap();
+    let out = check(&dir.join("nope.vrp"), &bad_sol, &[]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
@@ -128,27 +146,8 @@ fn check_exit_codes() {
         (1, 1),
         "{err}"
     );
-    let out = routeburn()
-        .args(["check", "--metric", "manhattan"])
-        .arg(&vrp)
-        .arg(&bad_sol)
-        .output()
-        .unwrap();
+    let out = check(&vrp, &bad_sol, &["--metric", "manhattan"]);
     assert_eq!(out.status.code(), Some(2));
-    // Exact metric on a CVRPLIB instance: the unrounded cost from INDEX.tsv (787.8083).
-    let out = routeburn()
-        .args(["check", "--metric", "exact"])
-        .arg(&vrp)
-        .arg(data().join("cvrplib/A/A-n32-k5.sol"))
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let cost: f64 = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .trim_start_matches("cost ")
-        .parse()
-        .unwrap();
-    assert!((cost - 787.8083).abs() < 1e-3, "{cost}");
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -225,7 +224,8 @@ fn gen_is_byte_identical_for_a_seed() {
 }
 
 /// A user's whole path: train a tiny model, evaluate it with every strategy, solve CVRPLIB
-/// instances with pictures, and check the written solutions.
+/// instances with pictures, and check the written solutions; then what each command
+/// refuses. One trained run serves every part.
 #[test]
 fn train_eval_solve_check() {
     let dir = tmp("e2e");
@@ -247,15 +247,24 @@ fn train_eval_solve_check() {
         .arg("-q")
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
     assert!(metrics.starts_with("epoch,train_cost,baseline_cost"));
     assert_eq!(metrics.lines().count(), 2);
 
+    evaluates_with_every_strategy(&run, &dir);
+    probes_device_graphs(&run);
+    evaluates_through_device_graphs(&run, &dir);
+    solves_cvrplib_instances_with_pictures(&run, &dir);
+    #[cfg(target_os = "linux")]
+    refuses_decodes_larger_than_the_memory(&run, &dir);
+    plots_and_writes_into_new_directories(&run, &dir);
+    refuses_what_is_not_a_run_or_a_strategy(&run, &dir, &config);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `eval` with every strategy: each succeeds and writes a row per instance.
+fn evaluates_with_every_strategy(run: &Path, dir: &Path) {
     for strategy in [
         "greedy",
         "sample:4",
@@ -267,7 +276,7 @@ fn train_eval_solve_check() {
         let csv = dir.join("eval.csv");
         let out = routeburn()
             .args(["eval", "--strategy", strategy, "--checkpoint"])
-            .arg(&run)
+            .arg(run)
             .arg("--data")
             .arg(data().join("validation/cvrp10.jsonl"))
             .arg("--out")
@@ -283,9 +292,11 @@ fn train_eval_solve_check() {
         assert!(stdout.contains("mean gap"), "{stdout}");
         assert_eq!(std::fs::read_to_string(&csv).unwrap().lines().count(), 129);
     }
+}
 
-    // The device-graph probe: flex has no device graphs, so it decodes eagerly, says why
-    // nothing was recorded, and exits 0; a sampled decode is refused by name.
+/// The device-graph probe: flex has no device graphs, so it decodes eagerly, says why
+/// nothing was recorded, and exits 0; a sampled decode is refused by name.
+fn probes_device_graphs(run: &Path) {
     let probe = |strategy: &str| {
         routeburn()
             .args([
@@ -295,7 +306,7 @@ fn train_eval_solve_check() {
                 strategy,
                 "--checkpoint",
             ])
-            .arg(&run)
+            .arg(run)
             .arg("--data")
             .arg(data().join("validation/cvrp10.jsonl"))
             .output()
@@ -319,9 +330,11 @@ fn train_eval_solve_check() {
         stderr.contains("--graph-probe decodes greedily"),
         "{stderr}"
     );
+}
 
-    // `--graph`: without device graphs every batch decodes eagerly, with the reason said
-    // once; the per-instance results are the eager evaluation's, byte for byte.
+/// `--graph`: without device graphs every batch decodes eagerly, with the reason said
+/// once; the per-instance results are the eager evaluation's, byte for byte.
+fn evaluates_through_device_graphs(run: &Path, dir: &Path) {
     let graph_eval = |strategy: &str, graph: bool, csv: &Path| {
         let mut cmd = routeburn();
         cmd.args([
@@ -332,7 +345,7 @@ fn train_eval_solve_check() {
             "500",
             "--checkpoint",
         ])
-        .arg(&run)
+        .arg(run)
         .arg("--data")
         .arg(data().join("validation/cvrp10.jsonl"))
         .arg("--out")
@@ -367,7 +380,11 @@ fn train_eval_solve_check() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--graph decodes greedily"), "{stderr}");
+}
 
+/// `solve` with pictures, each solution passing `check`; an instance that cannot be solved
+/// fails on its own.
+fn solves_cvrplib_instances_with_pictures(run: &Path, dir: &Path) {
     let sols = dir.join("sols");
     let instances = ["P/P-n16-k8", "A/A-n32-k5"];
     let out = routeburn()
@@ -378,7 +395,7 @@ fn train_eval_solve_check() {
             "--plot",
             "--checkpoint",
         ])
-        .arg(&run)
+        .arg(run)
         .arg("--out-dir")
         .arg(&sols)
         .args(
@@ -388,11 +405,7 @@ fn train_eval_solve_check() {
         )
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     for i in instances {
         let name = i.split('/').nth(1).unwrap();
         let out = routeburn()
@@ -418,7 +431,7 @@ fn train_eval_solve_check() {
     let mixed = dir.join("mixed");
     let out = routeburn()
         .args(["solve", "--strategy", "greedy", "--checkpoint"])
-        .arg(&run)
+        .arg(run)
         .arg("--out-dir")
         .arg(&mixed)
         .arg(data().join("cvrplib/E/E-n13-k4.vrp"))
@@ -435,62 +448,57 @@ fn train_eval_solve_check() {
         "{err}"
     );
     assert!(mixed.join("P-n16-k8.sol").exists());
+}
 
-    // A decode larger than the machine's memory (CVRP60000, multi-start ×8: 60,000
-    // rollouts of each of the symmetries decoded at once, ~240 GiB each) is refused before it starts, with its size and the way
-    // out, rather than killed by the OS.
-    #[cfg(target_os = "linux")]
-    {
-        let xxl = dir.join("xxl");
-        let out = gen(&["--n", "60000", "--count", "1", "--format", "vrp"], &xxl);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let out = routeburn()
-            .args(["solve", "--strategy", "multistart+aug8", "--checkpoint"])
-            .arg(&run)
-            .arg("--out-dir")
-            .arg(dir.join("xxl-sols"))
-            .arg(xxl.join("cvrp60000_s0_000000.vrp"))
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(2));
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            err.contains("cvrp60000_s0_000000.vrp: --strategy multistart+aug8 decodes")
-                && err.contains("rollouts of 60001 nodes at once")
-                && err.contains("use a strategy with fewer rollouts"),
-            "{err}"
-        );
-        // So is training whose encoder alone would keep more than the memory for the
-        // backward (CVRP100000 at batch 512: ~10⁵ GiB), before anything is written.
-        let config = dir.join("xxl.toml");
-        std::fs::write(&config, "[problem]\nn = 100000\n").unwrap();
-        let out = routeburn()
-            .args(["train", "-q", "--config"])
-            .arg(&config)
-            .arg("--run-dir")
-            .arg(dir.join("xxl-run"))
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(2));
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            err.contains("xxl.toml: problem.n = 100000 with training.batch_size = 512")
-                && err.contains("lower training.batch_size or problem.n"),
-            "{err}"
-        );
-        assert!(!dir.join("xxl-run").exists());
-    }
-
-    let out = routeburn().arg("plot").arg(&run).output().unwrap();
+/// A decode larger than the machine's memory (CVRP60000, multi-start ×8: 60,000 rollouts
+/// of each of the symmetries decoded at once, ~240 GiB each) is refused before it starts,
+/// with its size and the way out, rather than killed by the OS.
+#[cfg(target_os = "linux")]
+fn refuses_decodes_larger_than_the_memory(run: &Path, dir: &Path) {
+    let xxl = dir.join("xxl");
+    let out = gen(&["--n", "60000", "--count", "1", "--format", "vrp"], &xxl);
+    assert_success(&out);
+    let out = routeburn()
+        .args(["solve", "--strategy", "multistart+aug8", "--checkpoint"])
+        .arg(run)
+        .arg("--out-dir")
+        .arg(dir.join("xxl-sols"))
+        .arg(xxl.join("cvrp60000_s0_000000.vrp"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        err.contains("cvrp60000_s0_000000.vrp: --strategy multistart+aug8 decodes")
+            && err.contains("rollouts of 60001 nodes at once")
+            && err.contains("use a strategy with fewer rollouts"),
+        "{err}"
     );
+    // So is training whose encoder alone would keep more than the memory for the
+    // backward (CVRP100000 at batch 512: ~10⁵ GiB), before anything is written.
+    let config = dir.join("xxl.toml");
+    std::fs::write(&config, "[problem]\nn = 100000\n").unwrap();
+    let out = routeburn()
+        .args(["train", "-q", "--config"])
+        .arg(&config)
+        .arg("--run-dir")
+        .arg(dir.join("xxl-run"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("xxl.toml: problem.n = 100000 with training.batch_size = 512")
+            && err.contains("lower training.batch_size or problem.n"),
+        "{err}"
+    );
+    assert!(!dir.join("xxl-run").exists());
+}
+
+/// `plot` draws the run's curves; output files go into directories made for them.
+fn plots_and_writes_into_new_directories(run: &Path, dir: &Path) {
+    let out = routeburn().arg("plot").arg(run).output().unwrap();
+    assert_success(&out);
     assert!(std::fs::read_to_string(run.join("curves.svg"))
         .unwrap()
         .contains("<svg"));
@@ -498,22 +506,25 @@ fn train_eval_solve_check() {
     let (svg, csv) = (dir.join("new/curves.svg"), dir.join("new/deeper/eval.csv"));
     let out = routeburn()
         .arg("plot")
-        .arg(&run)
+        .arg(run)
         .arg("--out")
         .arg(&svg)
         .output()
         .unwrap();
     assert!(out.status.success() && svg.exists());
-    let out = eval_checkpoint(&run, &data().join("validation/cvrp10.jsonl"), Some(&csv));
+    let out = eval_checkpoint(run, &data().join("validation/cvrp10.jsonl"), Some(&csv));
     assert!(out.status.success() && csv.exists());
+}
 
-    // A run directory that is not one, and a bad strategy: errors, not panics.
-    let out = routeburn().arg("plot").arg(&dir).output().unwrap();
+/// A run directory that is not one, a bad strategy and a corrupt checkpoint: errors, not
+/// panics.
+fn refuses_what_is_not_a_run_or_a_strategy(run: &Path, dir: &Path, config: &Path) {
+    let out = routeburn().arg("plot").arg(dir).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a run directory (no metrics.csv)"));
     let out = routeburn()
         .args(["eval", "--strategy", "greedy", "--checkpoint"])
-        .arg(&dir)
+        .arg(dir)
         .arg("--data")
         .arg(data().join("validation/cvrp10.jsonl"))
         .output()
@@ -521,9 +532,9 @@ fn train_eval_solve_check() {
     assert_eq!(out.status.code(), Some(2));
     let out = routeburn()
         .args(["eval", "--strategy", "beam:3", "--checkpoint"])
-        .arg(&run)
+        .arg(run)
         .arg("--data")
-        .arg(&config)
+        .arg(config)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -533,14 +544,13 @@ fn train_eval_solve_check() {
     std::fs::write(&ckpt, b"not a burnpack").unwrap();
     let out = routeburn()
         .args(["eval", "--checkpoint"])
-        .arg(&run)
+        .arg(run)
         .arg("--data")
         .arg(data().join("validation/cvrp10.jsonl"))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("model.bpk"));
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// The pointer network through the same commands: `train --model ptrnet` (the old name of
@@ -638,7 +648,7 @@ fn attention_model_section(config: &str) -> String {
 }
 
 /// `compare-backends` with the default backend twice: the same seed, weights and inputs
-/// on the same backend must agree exactly, step by step; bad flags are clear errors.
+/// on the same backend must agree exactly, step by step.
 #[test]
 fn compare_backends_same_backend_agrees_exactly() {
     let dir = tmp("compare");
@@ -715,7 +725,12 @@ fn compare_backends_same_backend_agrees_exactly() {
     assert!(stdout.contains("matmul precision highest"), "{stdout}");
     assert!(stdout.contains("| 0.00e0 | 0.00e0 | 0 | ok"), "{stdout}");
 
-    // Refused with exit status 2 and a message saying why.
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `compare-backends` refuses bad flags with exit status 2 and a message saying why.
+#[test]
+fn compare_backends_refuses_bad_flags() {
     let refusals: [(&[&str], &str); 7] = [
         (
             &["--checkpoint", "a.pt", "--config", "b.toml"],
@@ -755,7 +770,6 @@ fn compare_backends_same_backend_agrees_exactly() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(message), "{args:?}: {stderr}");
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// `solve` (greedy) one CVRPLIB instance (`SET/NAME`) with `checkpoint`, then `check` the
@@ -770,11 +784,7 @@ fn solve_greedy_and_check(checkpoint: &Path, instance: &str, sols: &Path) {
         .arg(&vrp)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let name = instance.rsplit('/').next().unwrap();
     let check = routeburn()
         .arg("check")
@@ -890,20 +900,12 @@ fn kool_checkpoint_import_eval_solve_init_from() {
     let val = data().join("validation/cvrp20.jsonl");
     let eval = |checkpoint: &Path| {
         let out = eval_checkpoint(checkpoint, &val, None);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_success(&out);
         out
     };
     let csv = dir.join("k20.csv");
     let direct = eval_checkpoint(&pt, &val, Some(&csv));
-    assert!(
-        direct.status.success(),
-        "{}",
-        String::from_utf8_lossy(&direct.stderr)
-    );
+    assert_success(&direct);
     // Kool's own greedy decode of this set: 4.92% (data/kool-pretrained).
     assert_eq!(stdout_value(&direct, "mean gap"), "4.921%");
     // --out's tours are his code's tours, but for at most 1% of rounding-decided ties
@@ -921,11 +923,7 @@ fn kool_checkpoint_import_eval_solve_init_from() {
     // At `highest` (products split in three for CUDA's tensor cores; the same as `high`
     // on the CPU backends, whose products are exact) the same solutions.
     let highest = eval_checkpoint_with(&pt, &val, None, &["--matmul-precision", "highest"]);
-    assert!(
-        highest.status.success(),
-        "{}",
-        String::from_utf8_lossy(&highest.stderr)
-    );
+    assert_success(&highest);
     assert_eq!(
         stdout_value(&highest, "mean cost"),
         stdout_value(&direct, "mean cost")
@@ -933,11 +931,7 @@ fn kool_checkpoint_import_eval_solve_init_from() {
 
     let run = dir.join("k20");
     let out = import_to(&pt, &run);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let imported = eval(&run);
     assert_eq!(
         stdout_value(&imported, "mean cost"),
@@ -947,10 +941,19 @@ fn kool_checkpoint_import_eval_solve_init_from() {
     let again = import_to(&pt, &run);
     assert_eq!(again.status.code(), Some(2));
 
-    // Exported back to Kool's format (his file's tensors again: the export's unit tests),
-    // the file decodes his code's tours as the import did, and nothing needs a warning.
+    exports_back_to_kools_format(&run, &dir, &ours);
+    solve_greedy_and_check(&pt, "A/A-n32-k5", &dir.join("sols"));
+    let mean: f64 = stdout_value(&direct, "mean cost").parse().unwrap();
+    fine_tunes_from_the_imported_run(&run, &dir, mean);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Exported back to Kool's format (his file's tensors again: the export's unit tests),
+/// the file decodes his code's tours as the import did, and nothing needs a warning.
+fn exports_back_to_kools_format(run: &Path, dir: &Path, ours: &[Vec<u32>]) {
+    let val = data().join("validation/cvrp20.jsonl");
     let export = dir.join("k20-export");
-    let out = export_to(&run, &export, &[]);
+    let out = export_to(run, &export, &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(!stderr.contains("warning"), "{stderr}");
@@ -960,18 +963,21 @@ fn kool_checkpoint_import_eval_solve_init_from() {
     assert_eq!(csv_tours(&exported_csv), ours);
     // A directory that holds a Kool checkpoint already is not written into.
     let before = std::fs::read(export.join("epoch-0.pt")).unwrap();
-    let out = export_to(&run, &export, &[]);
+    let out = export_to(run, &export, &[]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("export into a new directory"), "{stderr}");
     assert_eq!(std::fs::read(export.join("epoch-0.pt")).unwrap(), before);
-    let out = export_to(&run, &dir.join("model.pt"), &[]);
+    let out = export_to(run, &dir.join("model.pt"), &[]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("names a directory"), "{stderr}");
+}
 
-    solve_greedy_and_check(&pt, "A/A-n32-k5", &dir.join("sols"));
-
+/// `--init-from` the imported run: its validation of the starting weights is the imported
+/// model's (`mean`, the gap 4.92%), and the resolved config keeps Kool's load arithmetic.
+fn fine_tunes_from_the_imported_run(run: &Path, dir: &Path, mean: f64) {
+    let val = data().join("validation/cvrp20.jsonl");
     let config = dir.join("finetune.toml");
     std::fs::write(
         &config,
@@ -987,14 +993,13 @@ fn kool_checkpoint_import_eval_solve_init_from() {
         .args(["train", "--config"])
         .arg(&config)
         .arg("--init-from")
-        .arg(&run)
+        .arg(run)
         .arg("--run-dir")
         .arg(dir.join("finetune"))
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    let mean: f64 = stdout_value(&direct, "mean cost").parse().unwrap();
     assert!(
         stderr.contains(&format!("initial weights: val {mean:.4} (gap 4.92%)")),
         "{stderr}"
@@ -1004,7 +1009,6 @@ fn kool_checkpoint_import_eval_solve_init_from() {
         resolved.contains("load_arithmetic = \"float32\""),
         "{resolved}"
     );
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 const TINY_RUN: &str = "[problem]\nn = 6\n[model]\nembed_dim = 16\nnum_heads = 2\nnum_layers = 1\nfeed_forward_dim = 32\n\
@@ -1101,11 +1105,7 @@ fn interrupted_runs_resume_exactly() {
         let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
         assert_eq!(latest, "epoch-0001-step-000002");
         let out = resume(&run, &[]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_success(&out);
         assert_eq!(
             metric_numbers(&run),
             metric_numbers(&whole),
@@ -1113,28 +1113,6 @@ fn interrupted_runs_resume_exactly() {
         );
         assert_eq!(run_weights(&run), run_weights(&whole), "{signals}: weights");
     }
-
-    // Supervised training abandons the epoch in progress and redoes it.
-    let pointer = dir.join("pointer.toml");
-    std::fs::write(
-        &pointer,
-        "[problem]\nn = 6\n[model]\nkind = \"pointer\"\nhidden_dim = 16\n\
-[training]\nepochs = 2\nbatch_size = 16\nlr = 1e-3\nseed = 3\n\
-[supervised]\nlabels = 32\nheuristic_rounds = 5\n[validation]\nsize = 32\n[logging]\nprogress = false\n",
-    )
-    .unwrap();
-    let (whole_pointer, run) = (dir.join("pointer-whole"), dir.join("pointer-run"));
-    assert!(train_run(&pointer, &whole_pointer, &[]).status.success());
-    let out = train_run(&pointer, &run, &[("ROUTEBURN_RAISE_AFTER_STEPS", "3")]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{stderr}");
-    assert!(
-        stderr.contains("epoch 2 abandoned after 1 batches"),
-        "{stderr}"
-    );
-    assert!(resume(&run, &[]).status.success());
-    assert_eq!(metric_numbers(&run), metric_numbers(&whole_pointer));
-    assert_eq!(run_weights(&run), run_weights(&whole_pointer));
 
     // A second Ctrl-C: no checkpoint of the epoch in progress, the last one stays.
     let run = dir.join("run-twice");
@@ -1161,6 +1139,34 @@ fn interrupted_runs_resume_exactly() {
         "{stderr}"
     );
     assert_eq!(metric_numbers(&run), metric_numbers(&whole));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Supervised training stopped by SIGINT abandons the epoch in progress and, resumed,
+/// redoes it: the metrics and weights of an uninterrupted run.
+#[test]
+fn interrupted_supervised_epochs_are_redone() {
+    let dir = tmp("signals-supervised");
+    let pointer = dir.join("pointer.toml");
+    std::fs::write(
+        &pointer,
+        "[problem]\nn = 6\n[model]\nkind = \"pointer\"\nhidden_dim = 16\n\
+[training]\nepochs = 2\nbatch_size = 16\nlr = 1e-3\nseed = 3\n\
+[supervised]\nlabels = 32\nheuristic_rounds = 5\n[validation]\nsize = 32\n[logging]\nprogress = false\n",
+    )
+    .unwrap();
+    let (whole_pointer, run) = (dir.join("pointer-whole"), dir.join("pointer-run"));
+    assert!(train_run(&pointer, &whole_pointer, &[]).status.success());
+    let out = train_run(&pointer, &run, &[("ROUTEBURN_RAISE_AFTER_STEPS", "3")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("epoch 2 abandoned after 1 batches"),
+        "{stderr}"
+    );
+    assert!(resume(&run, &[]).status.success());
+    assert_eq!(metric_numbers(&run), metric_numbers(&whole_pointer));
+    assert_eq!(run_weights(&run), run_weights(&whole_pointer));
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -1200,11 +1206,7 @@ fn one_writer_per_run_directory() {
     first.wait().unwrap();
     assert!(run.join("train.lock").exists());
     let out = resume(&run, &["--epochs", "3"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     // A new run in the finished run's directory is refused; the run is kept as it was.
     let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
     let out = train_run(&config, &run, &[]);
@@ -1261,11 +1263,7 @@ fn failed_writes_and_damaged_checkpoints_lose_nothing() {
         "{names:?}"
     );
     let out = resume(&run, &["--epochs", "2"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
 
     // Truncate epoch 2's model: resuming names the file; --resume-from goes back.
     let model = run.join("checkpoints/epoch-0002/model.bpk");
@@ -1276,11 +1274,7 @@ fn failed_writes_and_damaged_checkpoints_lose_nothing() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("epoch-0002/model.bpk"), "{stderr}");
     let out = resume(&run, &["--epochs", "3", "--resume-from", "epoch-0001"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let out = resume(&run, &["--resume-from", "epoch-0042"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
@@ -1407,11 +1401,7 @@ fn time_limits_and_the_best_checkpoint() {
             .arg(checkpoint)
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_success(&out);
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     let said = eval(&run);
@@ -1432,11 +1422,7 @@ fn time_limits_and_the_best_checkpoint() {
     assert_eq!(metric_rows(&run).len(), rows.len());
     // A larger budget continues where the time ran out, counting the time already spent.
     let out = resume(&run, &["--time-limit", "4s"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let more = metric_rows(&run);
     assert!(more.len() > rows.len());
     let spent = more.last().unwrap().2;
@@ -1518,27 +1504,26 @@ fn rl4co_checkpoint_eval_and_import() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `routeburn train ARGS` run in `cwd`: whether it succeeded, and its stderr.
+fn train_in(cwd: &Path, args: &[&std::ffi::OsStr]) -> (bool, String) {
+    let out = routeburn()
+        .current_dir(cwd)
+        .arg("train")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// `routeburn train` with the embedded default config works in a directory without the
 /// repository's data: it validates on the built-in copy of `data/validation/cvrp10.jsonl`,
-/// which gives the numbers `eval` gets from the repository's file. A run started in the
-/// repository resumes from another working directory (its `config.toml` names the
-/// validation file by its absolute path).
+/// which gives the numbers `eval` gets from the repository's file.
 #[test]
-fn runs_start_and_resume_in_any_working_directory() {
+fn runs_start_in_any_working_directory() {
     let dir = tmp("anywhere");
-    // `routeburn train ARGS` run in `cwd`: whether it succeeded, and its stderr.
-    let train_in = |cwd: &Path, args: &[&std::ffi::OsStr]| {
-        let out = routeburn()
-            .current_dir(cwd)
-            .arg("train")
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
     let run = dir.join("default");
     let (ok, stderr) = train_in(
         &dir,
@@ -1580,8 +1565,14 @@ fn runs_start_and_resume_in_any_working_directory() {
         (gap - recorded).abs() < 6e-3,
         "eval {gap}% against {recorded}%"
     );
+    std::fs::remove_dir_all(&dir).ok();
+}
 
-    // Started from the repository root with a shipped config, resumed from elsewhere.
+/// A run started in the repository with a shipped config resumes from another working
+/// directory: its `config.toml` names the validation file by its absolute path.
+#[test]
+fn runs_resume_in_another_working_directory() {
+    let dir = tmp("elsewhere");
     let config = dir.join("tiny.toml");
     let tiny = TINY_RUN
         .replace("[problem]\nn = 6\n", "[problem]\nn = 10\n")

@@ -553,32 +553,6 @@ fn config_errors_name_the_key() {
             TINY.replace("batch_size = 16", "batch_size = 0"),
             "training.batch_size",
         ),
-        // Leader Reward needs POMO's multi-start tours, and an α of at least 1.
-        (
-            TINY.replace("warmup_epochs = 1", "warmup_epochs = 1\nleader_alpha = 4.0"),
-            "reinforce.leader_alpha",
-        ),
-        (
-            TINY.replace("\"rollout\"", "\"pomo\"\nleader_alpha = 0.5"),
-            "reinforce.leader_alpha",
-        ),
-        // POMO's starts: with POMO only, from 2 to n.
-        (
-            TINY.replace("warmup_epochs = 1", "warmup_epochs = 1\nstarts = 3"),
-            "reinforce.starts",
-        ),
-        (
-            TINY.replace("\"rollout\"", "\"pomo\"\nstarts = 7"),
-            "reinforce.starts` must be from 2 (a tour against the mean of its instance's) to `problem.n`, got 7 with n = 6",
-        ),
-        (
-            TINY.replace("\"rollout\"", "\"pomo\"\nstarts = 1"),
-            "reinforce.starts",
-        ),
-        (
-            TINY.replace("batches_per_epoch = 3", "batches_per_epoch = 0"),
-            "reinforce.batches_per_epoch",
-        ),
         // Keys of the flat layout say where they went.
         (
             TINY.replace("seed = 5", "seed = 5\nbaseline = \"pomo\""),
@@ -609,8 +583,49 @@ fn config_errors_name_the_key() {
             "precision",
         ),
     ];
+    assert_errors_name_the_file_and_key(&cases);
+}
+
+/// The `[reinforce]` section's checks, each naming its key.
+#[test]
+fn reinforce_config_errors_name_the_key() {
+    let cases = [
+        // Leader Reward needs POMO's multi-start tours, and an α of at least 1.
+        (
+            TINY.replace("warmup_epochs = 1", "warmup_epochs = 1\nleader_alpha = 4.0"),
+            "reinforce.leader_alpha",
+        ),
+        (
+            TINY.replace("\"rollout\"", "\"pomo\"\nleader_alpha = 0.5"),
+            "reinforce.leader_alpha",
+        ),
+        // POMO's starts: with POMO only, from 2 to n.
+        (
+            TINY.replace("warmup_epochs = 1", "warmup_epochs = 1\nstarts = 3"),
+            "reinforce.starts",
+        ),
+        (
+            TINY.replace("\"rollout\"", "\"pomo\"\nstarts = 7"),
+            "reinforce.starts` must be from 2 (a tour against the mean of its instance's) to `problem.n`, got 7 with n = 6",
+        ),
+        (
+            TINY.replace("\"rollout\"", "\"pomo\"\nstarts = 1"),
+            "reinforce.starts",
+        ),
+        (
+            TINY.replace("batches_per_epoch = 3", "batches_per_epoch = 0"),
+            "reinforce.batches_per_epoch",
+        ),
+    ];
+    assert_errors_name_the_file_and_key(&cases);
+}
+
+/// Each config text is refused with an error that starts with its file's name and
+/// contains the expected words.
+#[track_caller]
+fn assert_errors_name_the_file_and_key(cases: &[(String, &str)]) {
     for (text, key) in cases {
-        let err = Config::from_toml(&text, "my.toml").unwrap_err().to_string();
+        let err = Config::from_toml(text, "my.toml").unwrap_err().to_string();
         assert!(err.starts_with("my.toml"), "{err}");
         assert!(err.contains(key), "expected `{key}` in: {err}");
     }

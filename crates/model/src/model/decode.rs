@@ -38,7 +38,8 @@ pub struct DecodeOptions {
     /// POMO's multi-start: one rollout per instance and first customer (n rows each).
     pub multi_start: bool,
     /// With `multi_start`, the first this many customers only (rollout s starts at
-    /// customer s + 1), where fewer than all n; `None` starts from every customer.
+    /// customer s + 1), where fewer than all n; `None` starts from every customer. Read
+    /// as at least one and at most n.
     pub starts: Option<usize>,
     /// Check for "every instance finished" every this many steps (each check is one device
     /// read). Larger values save syncs at the cost of up to `check_every - 1` wasted
@@ -98,7 +99,8 @@ impl DecodeOptions {
     pub fn rows_per_instance(&self, n: usize) -> usize {
         match (self.multi_start, self.starts) {
             (false, _) => 1,
-            (true, Some(starts)) => starts.min(n),
+            // Zero starts would decode nothing and leave the baseline's mean undefined.
+            (true, Some(starts)) => starts.max(1).min(n),
             (true, None) => n,
         }
     }
@@ -449,6 +451,23 @@ mod tests {
     use super::*;
     use crate::runtime::backend::Backend;
     use burn::tensor::TensorData;
+
+    #[test]
+    fn rows_per_instance_counts_starts_between_one_and_n() {
+        let multi = DecodeOptions::greedy().with_multi_start(true);
+        let rows = |starts, n| multi.with_starts(starts).rows_per_instance(n);
+        assert_eq!(
+            [
+                rows(None, 7),
+                rows(Some(3), 7),
+                rows(Some(9), 7),
+                rows(Some(0), 7)
+            ],
+            [7, 3, 7, 1]
+        );
+        let single = DecodeOptions::sample(1.0).with_starts(Some(3));
+        assert_eq!(single.rows_per_instance(7), 1);
+    }
 
     #[test]
     fn checks_fall_on_the_expected_steps() {
