@@ -1009,6 +1009,80 @@ fn fine_tunes_from_the_imported_run(run: &Path, dir: &Path, mean: f64) {
         resolved.contains("load_arithmetic = \"float32\""),
         "{resolved}"
     );
+    fine_tunes_with_exact_loads(run, dir, &config);
+}
+
+/// A config that states `model.load_arithmetic = "exact"` keeps it over the imported
+/// model's float32: the starting weights validate as the imported run does when its own
+/// config is switched to exact loads, which decode other tours than Kool's code.
+fn fine_tunes_with_exact_loads(run: &Path, dir: &Path, float32_config: &Path) {
+    let config = dir.join("finetune-exact.toml");
+    let text = std::fs::read_to_string(float32_config).unwrap();
+    std::fs::write(
+        &config,
+        format!("[model]\nload_arithmetic = \"exact\"\n{text}"),
+    )
+    .unwrap();
+    let out = routeburn()
+        .args(["train", "--config"])
+        .arg(&config)
+        .arg("--init-from")
+        .arg(run)
+        .arg("--run-dir")
+        .arg(dir.join("finetune-exact"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("keeping its load_arithmetic = \"exact\""),
+        "{stderr}"
+    );
+    let resolved = std::fs::read_to_string(dir.join("finetune-exact/config.toml")).unwrap();
+    assert!(
+        resolved.contains("load_arithmetic = \"exact\""),
+        "{resolved}"
+    );
+    // The imported run with exact loads, evaluated as a run directory.
+    let exact_run = dir.join("k20-exact");
+    copy_tree(run, &exact_run);
+    let imported = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(
+        imported.contains("load_arithmetic = \"float32\""),
+        "{imported}"
+    );
+    std::fs::write(
+        exact_run.join("config.toml"),
+        imported.replace(
+            "load_arithmetic = \"float32\"",
+            "load_arithmetic = \"exact\"",
+        ),
+    )
+    .unwrap();
+    let eval = eval_checkpoint(&exact_run, &data().join("validation/cvrp20.jsonl"), None);
+    assert_success(&eval);
+    let mean: f64 = stdout_value(&eval, "mean cost").parse().unwrap();
+    let gap = stdout_value(&eval, "mean gap");
+    assert_ne!(gap, "4.921%", "exact loads decode some other tours");
+    assert!(
+        stderr.contains(&format!("initial weights: val {mean:.4} (gap")),
+        "{stderr}"
+    );
+}
+
+/// Copies the files under `from` into `to`, directories included.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        match entry.file_type().unwrap().is_dir() {
+            true => copy_tree(&entry.path(), &target),
+            false => {
+                std::fs::copy(entry.path(), target).unwrap();
+            }
+        }
+    }
 }
 
 const TINY_RUN: &str = "[problem]\nn = 6\n[model]\nembed_dim = 16\nnum_heads = 2\nnum_layers = 1\nfeed_forward_dim = 32\n\

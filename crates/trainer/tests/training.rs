@@ -374,6 +374,41 @@ fn leader_alpha_changes_pomo_training_and_1_is_pomo() {
     assert_ne!(runs[0][1], runs[2][1]);
 }
 
+/// `reinforce.entropy_weight`: 0 is POMO's run exactly; with β > 0 every sampled tour is
+/// valued at its cost plus β times its (negative) log-likelihood, so each epoch's shared
+/// baseline, the mean of those values, lies below the mean cost it trained on, and the
+/// loss differs from the first batch.
+#[test]
+fn entropy_weight_values_tours_below_their_cost_and_0_is_pomo() {
+    let _serial = serial();
+    let mut plain = one_shard(tiny("pomo"));
+    plain.training.epochs = 2;
+    let run = |weight: Option<f64>, name: &str| {
+        let mut config = plain.clone();
+        if let Some(w) = weight {
+            config.reinforce.entropy_weight = w;
+        }
+        let dir = tmp(name);
+        train(options(config, &dir, false, None)).unwrap();
+        let got = numbers(&dir);
+        std::fs::remove_dir_all(dir).ok();
+        got
+    };
+    let pomo = run(None, "entropy-none");
+    assert_eq!(pomo, run(Some(0.0), "entropy-0"));
+    let entropy = run(Some(0.05), "entropy-005");
+    let column = |row: &str, i: usize| row.split(',').nth(i).unwrap().parse::<f64>().unwrap();
+    for (plain, shaped) in pomo.iter().zip(&entropy) {
+        // Columns: epoch, train cost, baseline cost, loss.
+        assert!(
+            (column(plain, 1) - column(plain, 2)).abs() < 1e-5,
+            "{plain}"
+        );
+        assert!(column(shaped, 2) < column(shaped, 1), "{shaped}");
+    }
+    assert_ne!(column(&pomo[0], 3), column(&entropy[0], 3));
+}
+
 /// `reinforce.starts`: n starts is POMO's run exactly; fewer train from fewer tours (each
 /// epoch's costs are the means of the first customers' tours alone), and the run repeats;
 /// two shards split the batch by instance, each with its starts.
@@ -615,6 +650,15 @@ fn reinforce_config_errors_name_the_key() {
         (
             TINY.replace("batches_per_epoch = 3", "batches_per_epoch = 0"),
             "reinforce.batches_per_epoch",
+        ),
+        // Maximum-entropy REINFORCE's β: a number, 0 or more.
+        (
+            TINY.replace("warmup_epochs = 1", "warmup_epochs = 1\nentropy_weight = -0.01"),
+            "reinforce.entropy_weight` must be a number at least 0 (0: plain REINFORCE), got -0.01",
+        ),
+        (
+            TINY.replace("warmup_epochs = 1", "warmup_epochs = 1\nentropy_weight = nan"),
+            "reinforce.entropy_weight",
         ),
     ];
     assert_errors_name_the_file_and_key(&cases);

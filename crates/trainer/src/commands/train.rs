@@ -2,7 +2,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Args;
-use routeburn_model::{Backend, RoutingModel};
+use routeburn_model::{Backend, LoadArithmetic, RoutingModel};
 
 use crate::config::{Config, ModelConfig, ModelKind};
 use crate::error::TrainError;
@@ -62,6 +62,8 @@ struct Plan {
     resume: bool,
     /// The config file's directory, for relative paths inside it.
     config_dir: Option<PathBuf>,
+    /// The `model.load_arithmetic` the config file states, which `--init-from` keeps.
+    stated_load_arithmetic: Option<LoadArithmetic>,
 }
 
 pub(crate) fn run(args: TrainArgs) -> Result<ExitCode, TrainError> {
@@ -131,14 +133,28 @@ fn take_weights_from(
     quiet: bool,
 ) -> Result<PathBuf, TrainError> {
     let trained = TrainedModel::load(source, &backend.device()?)?;
-    if !quiet && trained.config.model != plan.config.model {
+    let mut model = trained.config.model.clone();
+    let kept = match (&mut model, plan.stated_load_arithmetic) {
+        (ModelConfig::Attention(m), Some(stated)) => {
+            let changed = m.load_arithmetic != stated;
+            m.load_arithmetic = stated;
+            changed.then_some(stated)
+        }
+        _ => None,
+    };
+    if !quiet && (model != plan.config.model || kept.is_some()) {
+        let keeping = match kept {
+            Some(LoadArithmetic::Exact) => ", keeping its load_arithmetic = \"exact\"",
+            Some(LoadArithmetic::Float32) => ", keeping its load_arithmetic = \"float32\"",
+            None => "",
+        };
         eprintln!(
-            "--init-from {}: training its {} model ([model] of the config replaced)",
+            "--init-from {}: training its {} model ([model] of the config replaced{keeping})",
             source.display(),
             trained.config.model_kind()
         );
     }
-    plan.config.model = trained.config.model.clone();
+    plan.config.model = model;
     std::fs::create_dir_all(&plan.run_dir).map_err(|e| TrainError::io(&plan.run_dir, e))?;
     let path = plan.run_dir.join("initial-weights.bpk");
     match &trained.model {
@@ -174,6 +190,7 @@ fn plan(args: &TrainArgs) -> Result<Plan, TrainError> {
             run_dir: dir.clone(),
             resume: true,
             config_dir: std::path::absolute(dir).ok(),
+            stated_load_arithmetic: None,
         });
     }
     let (config, stem, config_dir) = match &args.config {
@@ -189,6 +206,10 @@ fn plan(args: &TrainArgs) -> Result<Plan, TrainError> {
             None,
         ),
     };
+    let stated_load_arithmetic = match &args.config {
+        Some(path) => Config::stated_load_arithmetic(path)?,
+        None => None,
+    };
     let run_dir = match &args.run_dir {
         Some(d) => d.clone(),
         None => new_run_dir(Path::new("runs"), &stem)?,
@@ -200,6 +221,7 @@ fn plan(args: &TrainArgs) -> Result<Plan, TrainError> {
         run_dir,
         resume: false,
         config_dir,
+        stated_load_arithmetic,
     })
 }
 

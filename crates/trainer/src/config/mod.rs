@@ -169,6 +169,10 @@ impl Default for AttentionConfig {
     }
 }
 
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
+
 fn is_false(b: &bool) -> bool {
     !*b
 }
@@ -368,6 +372,11 @@ pub struct ReinforceConfig {
     /// cheaper (its work and memory grow with them) and its shared baseline noisier.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub starts: Option<usize>,
+    /// β of maximum-entropy REINFORCE: every sampled tour is valued at its cost plus β
+    /// times its log-likelihood, which rewards the policy for staying spread out
+    /// (multistart and ×8 augmentation pick the best of many tours); 0 is plain REINFORCE.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub entropy_weight: f64,
     /// On CUDA, the rollout baseline's greedy decode of each training batch as a device
     /// graph (a CUDA graph, recorded once per frozen policy and replayed); false decodes it
     /// kernel by kernel. The CPU backends have no device graphs and ignore it.
@@ -385,6 +394,7 @@ impl Default for ReinforceConfig {
             baseline_alpha: 0.05,
             leader_alpha: 1.0,
             starts: None,
+            entropy_weight: 0.0,
             baseline_graph: true,
         }
     }
@@ -605,6 +615,28 @@ impl Config {
     pub fn load_as(path: &Path, kind: Option<ModelKind>) -> Result<Self, TrainError> {
         let text = std::fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
         Self::from_toml_as(&text, &path.display().to_string(), kind)
+    }
+
+    /// The `model.load_arithmetic` that the config file at `path` states itself (a
+    /// default is not stated), or `None`. `train --init-from` replaces the config's
+    /// `[model]` with the source model's but keeps a load arithmetic stated here: how loads
+    /// meet the capacity is the problem's rule for this run, not part of the architecture.
+    pub fn stated_load_arithmetic(path: &Path) -> Result<Option<LoadArithmetic>, TrainError> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
+        let table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| TrainError::config(&origin, e.to_string().trim_end()))?;
+        let Some(value) = table.get("model").and_then(|m| m.get("load_arithmetic")) else {
+            return Ok(None);
+        };
+        value
+            .clone()
+            .try_into()
+            .map(Some)
+            .map_err(|e: toml::de::Error| {
+                TrainError::config(&origin, format!("model.load_arithmetic: {}", e.message()))
+            })
     }
 
     /// The `config.toml` of a run directory. Runs written before the sectioned layout
@@ -834,6 +866,12 @@ impl ReinforceConfig {
             self.leader_alpha,
         )?;
         check(
+            self.entropy_weight.is_finite() && self.entropy_weight >= 0.0,
+            "reinforce.entropy_weight",
+            "a number at least 0 (0: plain REINFORCE)",
+            self.entropy_weight,
+        )?;
+        check(
             self.baseline != BaselineKind::Rollout || self.baseline_eval_size >= 2,
             "reinforce.baseline_eval_size",
             "at least 2 for the t-test",
@@ -861,7 +899,38 @@ impl SupervisedConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
+    use super::{parse_duration, Config, LoadArithmetic};
+
+    /// Only a `load_arithmetic` written in the file's `[model]` is stated; a bad one is
+    /// refused naming the file and the key.
+    #[test]
+    fn stated_load_arithmetic_is_what_the_file_writes() {
+        let path =
+            std::env::temp_dir().join(format!("routeburn-stated-{}.toml", std::process::id()));
+        let stated = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            Config::stated_load_arithmetic(&path)
+        };
+        let exact = stated("[problem]\nn = 5\n[model]\nload_arithmetic = \"exact\"\n");
+        assert_eq!(exact.unwrap(), Some(LoadArithmetic::Exact));
+        let float32 = stated("[model]\nkind = \"attention\"\nload_arithmetic = \"float32\"\n");
+        assert_eq!(float32.unwrap(), Some(LoadArithmetic::Float32));
+        for silent in [
+            "[problem]\nn = 5\n",
+            "[model]\nembed_dim = 64\n",
+            "load_arithmetic = \"exact\"\n",
+        ] {
+            assert_eq!(stated(silent).unwrap(), None, "{silent}");
+        }
+        let e = stated("[model]\nload_arithmetic = \"f16\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&path.display().to_string()) && e.contains("model.load_arithmetic"),
+            "{e}"
+        );
+        std::fs::remove_file(&path).ok();
+    }
 
     #[test]
     fn durations_in_seconds() {

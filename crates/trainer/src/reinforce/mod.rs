@@ -37,6 +37,8 @@ pub(crate) struct Reinforce {
     sampling: DecodeOptions,
     baseline: Box<dyn Baseline>,
     shards: Shards,
+    /// β of maximum-entropy REINFORCE (`reinforce.entropy_weight`; 0: plain).
+    entropy_weight: f64,
 }
 
 /// The costs of a step's sampled tours, their baseline values and advantages.
@@ -77,6 +79,7 @@ impl TrainingMethod for Reinforce {
             batches_per_epoch: config.reinforce.batches_per_epoch,
             baseline,
             shards: Shards::of(&config.training),
+            entropy_weight: config.reinforce.entropy_weight,
         })
     }
 
@@ -152,8 +155,8 @@ impl TrainingMethod for Reinforce {
 }
 
 impl Reinforce {
-    /// The step's one device read (every shard's sampled tours and summed
-    /// log-likelihood, the baseline's tours, the previous step's statistics), then costs
+    /// The step's one device read (every shard's sampled tours and their
+    /// log-likelihoods, the baseline's tours, the previous step's statistics), then costs
     /// and baseline values over the whole batch.
     fn download_and_value(
         &mut self,
@@ -168,7 +171,7 @@ impl Reinforce {
         for s in sampled {
             tx = tx
                 .register(s.actions.clone().without_autodiff())
-                .register(s.log_likelihood.clone().without_autodiff().sum());
+                .register(s.log_likelihood.clone().without_autodiff());
         }
         let baseline_dims: Vec<[usize; 2]> = baseline_tours.iter().map(|a| a.dims()).collect();
         for a in baseline_tours {
@@ -180,20 +183,8 @@ impl Reinforce {
             tx = tx.register(p);
         }
         let mut data = read_back(tx, "the step's tours and statistics")?.into_iter();
-        let mut tours = Vec::with_capacity(sampled.len());
-        let mut ll_sum = 0.0f32;
-        for s in sampled {
-            tours.push((
-                int_data_to_i64(data.next().expect("actions")),
-                s.actions.dims(),
-            ));
-            let ll: Vec<f32> = data
-                .next()
-                .expect("log-likelihood")
-                .try_into_vec_as::<f32>()
-                .map_err(|e| TrainError::Input(format!("log-likelihood: {e:?}")))?;
-            ll_sum += ll[0];
-        }
+        let (tours, log_likelihoods) = read_sampled(&mut data, sampled)?;
+        let ll_sum: f32 = log_likelihoods.iter().sum();
         let baseline_parts: Vec<(Vec<i64>, [usize; 2])> = baseline_dims
             .into_iter()
             .map(|dims| (int_data_to_i64(data.next().expect("baseline")), dims))
@@ -214,14 +205,54 @@ impl Reinforce {
             steps: *s,
             rows_per_instance: 1,
         });
-        let baselines = self.baseline.values(batch, &costs, rows, decoded)?;
-        let advantages = self.baseline.advantages(&costs, &baselines, rows);
+        let values = entropy_valued(&costs, &log_likelihoods, self.entropy_weight);
+        let baselines = self.baseline.values(batch, &values, rows, decoded)?;
+        let advantages = self.baseline.advantages(&values, &baselines, rows);
         Ok(Valued {
             costs,
             baselines,
             advantages,
         })
     }
+}
+
+/// Each shard's sampled tours (`[rows, steps]` actions) and the rows' log-likelihoods,
+/// in row order, from the step's read.
+#[allow(clippy::type_complexity)]
+fn read_sampled(
+    data: &mut impl Iterator<Item = TensorData>,
+    sampled: &[&DecodeOutput],
+) -> Result<(Vec<(Vec<i64>, [usize; 2])>, Vec<f32>), TrainError> {
+    let mut tours = Vec::with_capacity(sampled.len());
+    let mut log_likelihoods = Vec::new();
+    for s in sampled {
+        tours.push((
+            int_data_to_i64(data.next().expect("actions")),
+            s.actions.dims(),
+        ));
+        let ll: Vec<f32> = data
+            .next()
+            .expect("log-likelihood")
+            .try_into_vec_as::<f32>()
+            .map_err(|e| TrainError::Input(format!("log-likelihood: {e:?}")))?;
+        log_likelihoods.extend(ll);
+    }
+    Ok((tours, log_likelihoods))
+}
+
+/// What each sampled tour is worth to the baseline and the loss: its cost plus β
+/// (`reinforce.entropy_weight`) times its log-likelihood. Its expectation is the expected
+/// cost less β times the policy's entropy (maximum-entropy REINFORCE), so a tour the policy
+/// thought unlikely counts as cheaper than its cost, and the policy stays spread out.
+fn entropy_valued(costs: &[f64], log_likelihoods: &[f32], entropy_weight: f64) -> Vec<f64> {
+    if entropy_weight == 0.0 {
+        return costs.to_vec();
+    }
+    costs
+        .iter()
+        .zip(log_likelihoods)
+        .map(|(&cost, &ll)| cost + entropy_weight * f64::from(ll))
+        .collect()
 }
 
 /// Each shard's REINFORCE loss: Σ advantage × log-likelihood over its rows, divided by
@@ -263,4 +294,35 @@ fn baseline_for_run(
         }),
         BaselineKind::Rollout => Box::new(RolloutBaseline::for_run(setup, generator, model)?),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reinforce::pomo::SharedBaseline;
+
+    /// By hand: two instances of two tours each. With β = 0.5 instance 0's cheaper but
+    /// less likely tour (cost 1, log-likelihood −4) is valued at −1, and its advantage
+    /// against the instance's mean value grows from −1 to −1.5; instance 1's tours are
+    /// equally likely, so their advantages are POMO's own.
+    #[test]
+    fn entropy_values_are_costs_plus_beta_times_log_likelihoods() {
+        let costs = [3.0, 1.0, 2.0, 6.0];
+        let log_likelihoods = [-2.0, -4.0, -1.0, -1.0];
+        assert_eq!(
+            entropy_valued(&costs, &log_likelihoods, 0.0),
+            costs.to_vec()
+        );
+        let values = entropy_valued(&costs, &log_likelihoods, 0.5);
+        assert_eq!(values, vec![2.0, -1.0, 1.5, 5.5]);
+        let batch = routeburn_data::Generator::uniform(3)
+            .sample_batch(&mut routeburn_data::InstanceRng::new(1), 2);
+        let mut pomo = SharedBaseline { leader_alpha: 1.0 };
+        let mut advantages = |v: &[f64]| {
+            let baselines = pomo.values(&batch, v, 2, None).unwrap();
+            pomo.advantages(v, &baselines, 2)
+        };
+        assert_eq!(advantages(&costs), vec![1.0, -1.0, -2.0, 2.0]);
+        assert_eq!(advantages(&values), vec![1.5, -1.5, -2.0, 2.0]);
+    }
 }
