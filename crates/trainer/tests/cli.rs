@@ -989,17 +989,7 @@ fn fine_tunes_from_the_imported_run(run: &Path, dir: &Path, mean: f64) {
         ),
     )
     .unwrap();
-    let out = routeburn()
-        .args(["train", "--config"])
-        .arg(&config)
-        .arg("--init-from")
-        .arg(run)
-        .arg("--run-dir")
-        .arg(dir.join("finetune"))
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let stderr = fine_tune(&config, run, &dir.join("finetune"));
     assert!(
         stderr.contains(&format!("initial weights: val {mean:.4} (gap 4.92%)")),
         "{stderr}"
@@ -1023,17 +1013,7 @@ fn fine_tunes_with_exact_loads(run: &Path, dir: &Path, float32_config: &Path) {
         format!("[model]\nload_arithmetic = \"exact\"\n{text}"),
     )
     .unwrap();
-    let out = routeburn()
-        .args(["train", "--config"])
-        .arg(&config)
-        .arg("--init-from")
-        .arg(run)
-        .arg("--run-dir")
-        .arg(dir.join("finetune-exact"))
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let stderr = fine_tune(&config, run, &dir.join("finetune-exact"));
     assert!(
         stderr.contains("keeping its load_arithmetic = \"exact\""),
         "{stderr}"
@@ -1068,6 +1048,23 @@ fn fine_tunes_with_exact_loads(run: &Path, dir: &Path, float32_config: &Path) {
         stderr.contains(&format!("initial weights: val {mean:.4} (gap")),
         "{stderr}"
     );
+}
+
+/// `train --config config --init-from run --run-dir run_dir`, which must succeed; its
+/// stderr.
+fn fine_tune(config: &Path, run: &Path, run_dir: &Path) -> String {
+    let out = routeburn()
+        .args(["train", "--config"])
+        .arg(config)
+        .arg("--init-from")
+        .arg(run)
+        .arg("--run-dir")
+        .arg(run_dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    stderr
 }
 
 /// Copies the files under `from` into `to`, directories included.
