@@ -409,6 +409,34 @@ fn entropy_weight_values_tours_below_their_cost_and_0_is_pomo() {
     assert_ne!(column(&pomo[0], 3), column(&entropy[0], 3));
 }
 
+/// `reinforce.learn_from`: the whole is POMO's run exactly; half learns from half the
+/// tours (the loss differs from the first epoch on) and the run repeats; two shards train
+/// with it too.
+#[test]
+fn learning_from_the_furthest_tours_trains_and_1_is_pomo() {
+    let _serial = serial();
+    let mut plain = one_shard(tiny("pomo"));
+    plain.training.epochs = 2;
+    let run = |fraction: Option<f64>, shards: usize, name: &str| {
+        let mut config = plain.clone();
+        config.reinforce.learn_from = fraction;
+        config.training.shards = Some(shards);
+        let dir = tmp(name);
+        train(options(config, &dir, false, None)).unwrap();
+        let got = numbers(&dir);
+        std::fs::remove_dir_all(dir).ok();
+        got
+    };
+    let all = run(None, 1, "learn-all");
+    assert_eq!(all, run(Some(1.0), 1, "learn-1"));
+    let half = run(Some(0.5), 1, "learn-half");
+    let column = |row: &str, i: usize| row.split(',').nth(i).unwrap().to_string();
+    // Columns: epoch, train cost, baseline cost, loss.
+    assert_ne!(column(&all[0], 3), column(&half[0], 3));
+    assert_eq!(half, run(Some(0.5), 1, "learn-half-again"));
+    assert_eq!(run(Some(0.5), 2, "learn-half-sharded").len(), 2);
+}
+
 /// `reinforce.starts`: n starts is POMO's run exactly; fewer train from fewer tours (each
 /// epoch's costs are the means of the first customers' tours alone), and the run repeats;
 /// two shards split the batch by instance, each with its starts.
@@ -659,6 +687,19 @@ fn reinforce_config_errors_name_the_key() {
         (
             TINY.replace("warmup_epochs = 1", "warmup_epochs = 1\nentropy_weight = nan"),
             "reinforce.entropy_weight",
+        ),
+        // The tours learned from: with POMO only, a fraction in (0, 1].
+        (
+            TINY.replace("warmup_epochs = 1", "warmup_epochs = 1\nlearn_from = 0.5"),
+            "reinforce.learn_from",
+        ),
+        (
+            TINY.replace("\"rollout\"", "\"pomo\"\nlearn_from = 0"),
+            "reinforce.learn_from` must be a fraction in (0, 1] of each instance's tours, got 0",
+        ),
+        (
+            TINY.replace("\"rollout\"", "\"pomo\"\nlearn_from = 1.5"),
+            "reinforce.learn_from",
         ),
     ];
     assert_errors_name_the_file_and_key(&cases);

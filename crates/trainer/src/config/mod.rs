@@ -377,6 +377,12 @@ pub struct ReinforceConfig {
     /// (multistart and ×8 augmentation pick the best of many tours); 0 is plain REINFORCE.
     #[serde(skip_serializing_if = "is_zero")]
     pub entropy_weight: f64,
+    /// The fraction of each instance's sampled tours the loss learns from (POMO only):
+    /// those furthest from their baseline, the largest advantages in magnitude. The
+    /// others' advantages are set to 0 and flex's backward pass leaves them out, so a
+    /// step costs less; left out, every tour.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub learn_from: Option<f64>,
     /// On CUDA, the rollout baseline's greedy decode of each training batch as a device
     /// graph (a CUDA graph, recorded once per frozen policy and replayed); false decodes it
     /// kernel by kernel. The CPU backends have no device graphs and ignore it.
@@ -395,6 +401,7 @@ impl Default for ReinforceConfig {
             leader_alpha: 1.0,
             starts: None,
             entropy_weight: 0.0,
+            learn_from: None,
             baseline_graph: true,
         }
     }
@@ -871,6 +878,20 @@ impl ReinforceConfig {
             "a number at least 0 (0: plain REINFORCE)",
             self.entropy_weight,
         )?;
+        if let Some(fraction) = self.learn_from {
+            check(
+                self.baseline == BaselineKind::Pomo,
+                "reinforce.learn_from",
+                "left out unless `reinforce.baseline = \"pomo\"` (the tours of an instance against their shared baseline)",
+                fraction,
+            )?;
+            check(
+                fraction > 0.0 && fraction <= 1.0,
+                "reinforce.learn_from",
+                "a fraction in (0, 1] of each instance's tours",
+                fraction,
+            )?;
+        }
         check(
             self.baseline != BaselineKind::Rollout || self.baseline_eval_size >= 2,
             "reinforce.baseline_eval_size",

@@ -39,6 +39,8 @@ pub(crate) struct Reinforce {
     shards: Shards,
     /// β of maximum-entropy REINFORCE (`reinforce.entropy_weight`; 0: plain).
     entropy_weight: f64,
+    /// The fraction of each instance's tours the loss learns from (`reinforce.learn_from`).
+    learn_from: Option<f64>,
 }
 
 /// The costs of a step's sampled tours, their baseline values and advantages.
@@ -80,6 +82,7 @@ impl TrainingMethod for Reinforce {
             baseline,
             shards: Shards::of(&config.training),
             entropy_weight: config.reinforce.entropy_weight,
+            learn_from: config.reinforce.learn_from,
         })
     }
 
@@ -207,7 +210,10 @@ impl Reinforce {
         });
         let values = entropy_valued(&costs, &log_likelihoods, self.entropy_weight);
         let baselines = self.baseline.values(batch, &values, rows, decoded)?;
-        let advantages = self.baseline.advantages(&values, &baselines, rows);
+        let mut advantages = self.baseline.advantages(&values, &baselines, rows);
+        if let Some(fraction) = self.learn_from {
+            learn_from_furthest(&mut advantages, rows, fraction);
+        }
         Ok(Valued {
             costs,
             baselines,
@@ -253,6 +259,25 @@ fn entropy_valued(costs: &[f64], log_likelihoods: &[f32], entropy_weight: f64) -
         .zip(log_likelihoods)
         .map(|(&cost, &ll)| cost + entropy_weight * f64::from(ll))
         .collect()
+}
+
+/// Keeps each instance's `fraction` of tours (rounded, at least one) furthest from their
+/// baseline, the largest advantages in magnitude (the first of equal ones), and sets the
+/// others' advantages to 0: the loss does not learn from them, and flex's backward pass
+/// leaves out the rows whose gradient is zero. The tours closest to the baseline carry the
+/// least of the gradient (a fifth from half the tours, if advantages were normal).
+fn learn_from_furthest(advantages: &mut [f64], rows_per_instance: usize, fraction: f64) {
+    let kept = ((rows_per_instance as f64 * fraction).round() as usize).clamp(1, rows_per_instance);
+    let mut order = Vec::with_capacity(rows_per_instance);
+    for instance in advantages.chunks_mut(rows_per_instance) {
+        order.clear();
+        order.extend(0..instance.len());
+        // A stable sort keeps equal advantages in row order, so a run repeats exactly.
+        order.sort_by(|&a, &b| instance[b].abs().total_cmp(&instance[a].abs()));
+        for &row in &order[kept..] {
+            instance[row] = 0.0;
+        }
+    }
 }
 
 /// Each shard's REINFORCE loss: Σ advantage × log-likelihood over its rows, divided by
@@ -324,5 +349,27 @@ mod tests {
         };
         assert_eq!(advantages(&costs), vec![1.0, -1.0, -2.0, 2.0]);
         assert_eq!(advantages(&values), vec![1.5, -1.5, -2.0, 2.0]);
+    }
+
+    /// By hand: two instances of five tours. Half of five rounds to three (2.5 → 3, away
+    /// from zero): instance 0 keeps −3, 2 and the first of its two 1.5s; instance 1 keeps
+    /// its three non-zero advantages. A tenth of five keeps one; the whole keeps all.
+    #[test]
+    fn learning_from_the_tours_furthest_from_the_baseline() {
+        let advantages = [1.5, -3.0, 0.5, 2.0, -1.5, 0.0, 4.0, -0.0, -1.0, 0.25];
+        let with = |fraction| {
+            let mut a = advantages;
+            learn_from_furthest(&mut a, 5, fraction);
+            a
+        };
+        assert_eq!(
+            with(0.5),
+            [1.5, -3.0, 0.0, 2.0, 0.0, 0.0, 4.0, 0.0, -1.0, 0.25]
+        );
+        assert_eq!(
+            with(0.1),
+            [0.0, -3.0, 0.0, 0.0, 0.0, 0.0, 4.0, 0.0, 0.0, 0.0]
+        );
+        assert_eq!(with(1.0), advantages);
     }
 }

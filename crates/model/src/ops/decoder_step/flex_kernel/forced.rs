@@ -12,6 +12,10 @@
 //! the row adds only products `x · ±0` to the node tables' sums; those start at +0 and
 //! such terms leave every sum as it is. A loss with a gradient at a masked node (whose
 //! log-probability is −∞) would break the last step, and is not one a decode makes.
+//!
+//! The backward pass leaves out, by the same argument, every row whose output gradient is
+//! zero at every node: a tour that the loss does not learn from (a POMO tour whose
+//! advantage is zero, `reinforce.learn_from`). Its logit gradients are `0 − p · 0`.
 
 use super::{
     BackBuffers, BackIn, BackwardInstance, Dims, ForwardPiece, Inputs, InstanceGradsOut, PieceOut,
@@ -37,6 +41,12 @@ fn live_rows(forced: &[Option<usize>]) -> Vec<usize> {
     (forced.iter().enumerate())
         .filter_map(|(r, choice)| choice.is_none().then_some(r))
         .collect()
+}
+
+/// Whether a row's output gradient is zero at every node: a tour the loss does not learn
+/// from (its advantage zero). Like a forced row's, its logit gradients are `0 − p · 0`.
+fn without_gradient(grad: &[f32]) -> bool {
+    grad.iter().all(|&g| g == 0.0)
 }
 
 /// Rows `first..` of instance `i` (as many as `out` holds) through `kernel`, its forced
@@ -65,9 +75,9 @@ pub(super) fn forward_unit(
     }
 }
 
-/// Instance `i`'s gradients through `kernel`, its forced rows left out: their query
-/// gradients are zero, and they add nothing to the node tables' (zero where every row
-/// is forced). `out` is unwritten until then.
+/// Instance `i`'s gradients through `kernel`, its forced rows and rows without gradient
+/// left out: their query gradients are zero, and they add nothing to the node tables'
+/// (zero where every row is left out). `out` is unwritten until then.
 pub(super) fn backward_unit(
     dims: Dims,
     scale: Scale,
@@ -78,12 +88,15 @@ pub(super) fn backward_unit(
     let (n, s, d) = (dims.nodes, dims.starts, dims.embed());
     let at = i * s;
     let forced = forced_choices(&from.x.mask[at * n..(at + s) * n], n);
-    for (row, choice) in dq.chunks_exact_mut(d).zip(&forced) {
-        if choice.is_some() {
+    let grads = from.grad_out[at * n..(at + s) * n].chunks_exact(n);
+    let mut live = Vec::with_capacity(s);
+    for (r, ((row, choice), grad)) in dq.chunks_exact_mut(d).zip(&forced).zip(grads).enumerate() {
+        if choice.is_some() || without_gradient(grad) {
             row.fill(0.0);
+        } else {
+            live.push(r);
         }
     }
-    let live = live_rows(&forced);
     if live.is_empty() {
         for table in [dk, dv, dl] {
             table.fill(0.0);
@@ -144,6 +157,33 @@ mod tests {
             }
         }
         data
+    }
+
+    /// [`with_forced_rows`] and, among the rows that are not forced, every fourth from
+    /// the second on without an output gradient (a tour the loss does not learn from).
+    fn with_rows_without_gradient(instances: usize, starts: usize, nodes: usize) -> StepData {
+        let mut data = with_forced_rows(instances, starts, nodes);
+        for row in (1..instances * starts).step_by(4) {
+            let mask = &data.mask[row * nodes..][..nodes];
+            if forced_choice(mask).is_none() {
+                data.grad_out[row * nodes..][..nodes].fill(0.0);
+            }
+        }
+        data
+    }
+
+    #[test]
+    fn a_row_without_gradient_is_left_out_of_the_backward() {
+        assert!(without_gradient(&[0.0, 0.0, 0.0]));
+        assert!(!without_gradient(&[0.0, -1e-30, 0.0]));
+        let data = with_rows_without_gradient(4, 7, 11);
+        let rows = (0..28).filter(|&r| {
+            let m = &data.mask[r * 11..][..11];
+            forced_choice(m).is_none() && without_gradient(&data.grad_out[r * 11..][..11])
+        });
+        // Rows 1, 5, 9, ..., 25 but 17 (instance 2's, forced): instance 0's starts 1 and 5
+        // (0, 3 and 6 forced), instance 1's 2 and 6, instance 3's 0 and 4 (5, 6 forced).
+        assert_eq!(rows.collect::<Vec<_>>(), vec![1, 5, 9, 13, 21, 25]);
     }
 
     /// The kernels run on every row, no row left out: what [`forward_unit`] and
@@ -218,7 +258,7 @@ mod tests {
         (log_probs, grads)
     }
 
-    /// With forced rows left out, kept attention or not and in pieces of 8 rows or whole
+    /// With forced rows and rows without gradient left out, kept attention or not and in pieces of 8 rows or whole
     /// instances: the log-probabilities and gradients of every row run, bit for bit, in
     /// the plain form and the one this CPU picks.
     #[test]
@@ -232,6 +272,8 @@ mod tests {
             [
                 with_forced_rows(4, starts, nodes),
                 with_forced_rows(4, starts, nodes).with_tables(),
+                with_rows_without_gradient(4, starts, nodes),
+                with_rows_without_gradient(4, starts, nodes).with_tables(),
             ]
         });
         for data in cases {
