@@ -381,18 +381,12 @@ fn leader_alpha_changes_pomo_training_and_1_is_pomo() {
 #[test]
 fn entropy_weight_values_tours_below_their_cost_and_0_is_pomo() {
     let _serial = serial();
-    let mut plain = one_shard(tiny("pomo"));
-    plain.training.epochs = 2;
     let run = |weight: Option<f64>, name: &str| {
-        let mut config = plain.clone();
-        if let Some(w) = weight {
-            config.reinforce.entropy_weight = w;
-        }
-        let dir = tmp(name);
-        train(options(config, &dir, false, None)).unwrap();
-        let got = numbers(&dir);
-        std::fs::remove_dir_all(dir).ok();
-        got
+        tiny_pomo_numbers(1, name, |c| {
+            if let Some(w) = weight {
+                c.reinforce.entropy_weight = w;
+            }
+        })
     };
     let pomo = run(None, "entropy-none");
     assert_eq!(pomo, run(Some(0.0), "entropy-0"));
@@ -415,17 +409,8 @@ fn entropy_weight_values_tours_below_their_cost_and_0_is_pomo() {
 #[test]
 fn learning_from_the_furthest_tours_trains_and_1_is_pomo() {
     let _serial = serial();
-    let mut plain = one_shard(tiny("pomo"));
-    plain.training.epochs = 2;
     let run = |fraction: Option<f64>, shards: usize, name: &str| {
-        let mut config = plain.clone();
-        config.reinforce.learn_from = fraction;
-        config.training.shards = Some(shards);
-        let dir = tmp(name);
-        train(options(config, &dir, false, None)).unwrap();
-        let got = numbers(&dir);
-        std::fs::remove_dir_all(dir).ok();
-        got
+        tiny_pomo_numbers(shards, name, |c| c.reinforce.learn_from = fraction)
     };
     let all = run(None, 1, "learn-all");
     assert_eq!(all, run(Some(1.0), 1, "learn-1"));
@@ -443,17 +428,8 @@ fn learning_from_the_furthest_tours_trains_and_1_is_pomo() {
 #[test]
 fn fewer_pomo_starts_train_and_n_starts_is_pomo() {
     let _serial = serial();
-    let mut plain = one_shard(tiny("pomo"));
-    plain.training.epochs = 2;
     let run = |starts: Option<usize>, shards: usize, name: &str| {
-        let mut config = plain.clone();
-        config.reinforce.starts = starts;
-        config.training.shards = Some(shards);
-        let dir = tmp(name);
-        train(options(config, &dir, false, None)).unwrap();
-        let got = numbers(&dir);
-        std::fs::remove_dir_all(dir).ok();
-        got
+        tiny_pomo_numbers(shards, name, |c| c.reinforce.starts = starts)
     };
     let all = run(None, 1, "starts-all");
     assert_eq!(all, run(Some(6), 1, "starts-6"));
@@ -461,6 +437,20 @@ fn fewer_pomo_starts_train_and_n_starts_is_pomo() {
     assert_ne!(all[0], three[0]);
     assert_eq!(three, run(Some(3), 1, "starts-3-again"));
     assert_eq!(run(Some(3), 2, "starts-3-sharded").len(), 2);
+}
+
+/// The non-timing `metrics.csv` rows of 2 epochs of the tiny POMO config on `shards`,
+/// with `edit` made to its config.
+fn tiny_pomo_numbers(shards: usize, name: &str, edit: impl FnOnce(&mut Config)) -> Vec<String> {
+    let mut config = tiny("pomo");
+    config.training.epochs = 2;
+    config.training.shards = Some(shards);
+    edit(&mut config);
+    let dir = tmp(name);
+    train(options(config, &dir, false, None)).unwrap();
+    let got = numbers(&dir);
+    std::fs::remove_dir_all(dir).ok();
+    got
 }
 
 fn one_shard(mut config: Config) -> Config {
