@@ -9,20 +9,14 @@ const MOST_LINES: usize = 80;
 
 /// Every `.rs` file under `dir`, sorted (build outputs left out).
 fn sources(dir: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        for entry in fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() && !path.ends_with("target") {
-                pending.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                found.push(path);
-            }
-        }
-    }
-    found.sort();
-    found
+    let files = walkdir::WalkDir::new(dir)
+        .sort_by_file_name()
+        .into_iter()
+        .filter_entry(|entry| entry.file_name() != "target");
+    let files = files.map(|entry| entry.unwrap().into_path());
+    files
+        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+        .collect()
 }
 
 /// Whether `line` opens a function with a body here. `fn name => kernel(` names a function

@@ -9,20 +9,11 @@ use std::path::{Path, PathBuf};
 
 /// Every `.rs` file under `dir`, sorted.
 fn sources(dir: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        for entry in fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                pending.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                found.push(path);
-            }
-        }
-    }
-    found.sort();
-    found
+    let files = walkdir::WalkDir::new(dir).sort_by_file_name().into_iter();
+    let files = files.map(|entry| entry.unwrap().into_path());
+    files
+        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+        .collect()
 }
 
 fn src(layer: &str) -> PathBuf {
@@ -73,4 +64,19 @@ fn operations_and_runtime_import_nothing_above_them() {
 fn the_model_names_no_backend_feature() {
     let cfgs = lines_naming("model", &["feature = \""]);
     assert!(cfgs.is_empty(), "backend cfgs in the model:\n{cfgs:#?}");
+}
+
+/// The checks above find what they look for: the model does import the operations and
+/// the runtime, and the operations the runtime (so an empty list above is not a walk that
+/// read nothing).
+#[test]
+fn the_imports_down_the_layers_are_found() {
+    for (layer, below) in [
+        ("model", "crate::ops"),
+        ("model", "crate::runtime"),
+        ("ops", "crate::runtime"),
+    ] {
+        let found = lines_naming(layer, &[below]);
+        assert!(!found.is_empty(), "no `{below}` found under src/{layer}");
+    }
 }

@@ -193,22 +193,19 @@ fn plan(args: &TrainArgs) -> Result<Plan, TrainError> {
             stated_load_arithmetic: None,
         });
     }
-    let (config, stem, config_dir) = match &args.config {
-        Some(path) => (
-            Config::load_as(path, args.model)?,
-            path.file_stem()
-                .map_or("run".into(), |s| s.to_string_lossy().into_owned()),
-            path.parent().map(Path::to_path_buf),
-        ),
+    let (config, stated_load_arithmetic, stem, config_dir) = match &args.config {
+        Some(path) => {
+            let (config, stated) = Config::load_stating_load_arithmetic(path, args.model)?;
+            let stem = path.file_stem();
+            let stem = stem.map_or("run".into(), |s| s.to_string_lossy().into_owned());
+            (config, stated, stem, path.parent().map(Path::to_path_buf))
+        }
         None => (
             Config::embedded_default_as(args.model)?,
+            None,
             "default".to_string(),
             None,
         ),
-    };
-    let stated_load_arithmetic = match &args.config {
-        Some(path) => Config::stated_load_arithmetic(path)?,
-        None => None,
     };
     let run_dir = match &args.run_dir {
         Some(d) => d.clone(),

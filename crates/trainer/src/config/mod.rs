@@ -596,12 +596,17 @@ impl Config {
         origin: &str,
         kind: Option<ModelKind>,
     ) -> Result<Self, TrainError> {
-        let mut table: toml::Table = text
+        let mut table = Self::parse_table(text, origin)?;
+        migrate::set_model_kind(&mut table, kind);
+        Self::from_table(table, origin)
+    }
+
+    fn parse_table(text: &str, origin: &str) -> Result<toml::Table, TrainError> {
+        let table: toml::Table = text
             .parse()
             .map_err(|e: toml::de::Error| TrainError::config(origin, e.to_string().trim_end()))?;
         migrate::reject_moved_keys(&table).map_err(|m| TrainError::config(origin, m))?;
-        migrate::set_model_kind(&mut table, kind);
-        Self::from_table(table, origin)
+        Ok(table)
     }
 
     fn from_table(table: toml::Table, origin: &str) -> Result<Self, TrainError> {
@@ -620,30 +625,29 @@ impl Config {
 
     /// [`Config::load`] as model `kind`, see [`Config::from_toml_as`].
     pub fn load_as(path: &Path, kind: Option<ModelKind>) -> Result<Self, TrainError> {
-        let text = std::fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
-        Self::from_toml_as(&text, &path.display().to_string(), kind)
+        Ok(Self::load_stating_load_arithmetic(path, kind)?.0)
     }
 
-    /// The `model.load_arithmetic` that the config file at `path` states itself (a
+    /// [`Config::load_as`], and the `model.load_arithmetic` that the file states itself (a
     /// default is not stated), or `None`. `train --init-from` replaces the config's
     /// `[model]` with the source model's but keeps a load arithmetic stated here: how loads
     /// meet the capacity is the problem's rule for this run, not part of the architecture.
-    pub fn stated_load_arithmetic(path: &Path) -> Result<Option<LoadArithmetic>, TrainError> {
+    pub fn load_stating_load_arithmetic(
+        path: &Path,
+        kind: Option<ModelKind>,
+    ) -> Result<(Self, Option<LoadArithmetic>), TrainError> {
         let origin = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
-        let table: toml::Table = text
-            .parse()
-            .map_err(|e: toml::de::Error| TrainError::config(&origin, e.to_string().trim_end()))?;
-        let Some(value) = table.get("model").and_then(|m| m.get("load_arithmetic")) else {
-            return Ok(None);
-        };
-        value
-            .clone()
-            .try_into()
-            .map(Some)
-            .map_err(|e: toml::de::Error| {
-                TrainError::config(&origin, format!("model.load_arithmetic: {}", e.message()))
-            })
+        let mut table = Self::parse_table(&text, &origin)?;
+        // Read first, so that a bad value is refused naming its key.
+        let stated = table.get("model").and_then(|m| m.get("load_arithmetic"));
+        let stated = stated.cloned().map(toml::Value::try_into).transpose();
+        let stated = stated.map_err(|e: toml::de::Error| {
+            TrainError::config(&origin, format!("model.load_arithmetic: {}", e.message()))
+        })?;
+        migrate::set_model_kind(&mut table, kind);
+        let config = Self::from_table(table, &origin)?;
+        Ok((config, stated))
     }
 
     /// The `config.toml` of a run directory. Runs written before the sectioned layout
@@ -834,20 +838,7 @@ impl ModelConfig {
 impl ReinforceConfig {
     fn validate(&self, n: usize) -> Result<(), InvalidValue> {
         positive("reinforce.batches_per_epoch", self.batches_per_epoch)?;
-        if let Some(starts) = self.starts {
-            check(
-                self.baseline == BaselineKind::Pomo,
-                "reinforce.starts",
-                "left out unless `reinforce.baseline = \"pomo\"` (the starts of a multi-start decode)",
-                starts,
-            )?;
-            check(
-                (2..=n).contains(&starts),
-                "reinforce.starts",
-                "from 2 (a tour against the mean of its instance's) to `problem.n`",
-                format!("{starts} with n = {n}"),
-            )?;
-        }
+        self.validate_pomo_keys(n)?;
         check(
             (0.0..1.0).contains(&self.exp_beta),
             "reinforce.exp_beta",
@@ -861,26 +852,52 @@ impl ReinforceConfig {
             self.baseline_alpha,
         )?;
         check(
+            self.entropy_weight.is_finite() && self.entropy_weight >= 0.0,
+            "reinforce.entropy_weight",
+            "a number at least 0 (0: plain REINFORCE)",
+            self.entropy_weight,
+        )?;
+        check(
+            self.baseline != BaselineKind::Rollout || self.baseline_eval_size >= 2,
+            "reinforce.baseline_eval_size",
+            "at least 2 for the t-test",
+            self.baseline_eval_size,
+        )
+    }
+
+    /// The keys that act on an instance's multi-start tours, which only POMO samples: each
+    /// stays at its default unless `baseline = "pomo"`.
+    fn validate_pomo_keys(&self, n: usize) -> Result<(), InvalidValue> {
+        let pomo = self.baseline == BaselineKind::Pomo;
+        if let Some(starts) = self.starts {
+            check(
+                pomo,
+                "reinforce.starts",
+                "left out unless `reinforce.baseline = \"pomo\"` (the starts of a multi-start decode)",
+                starts,
+            )?;
+            check(
+                (2..=n).contains(&starts),
+                "reinforce.starts",
+                "from 2 (a tour against the mean of its instance's) to `problem.n`",
+                format!("{starts} with n = {n}"),
+            )?;
+        }
+        check(
             self.leader_alpha.is_finite() && self.leader_alpha >= 1.0,
             "reinforce.leader_alpha",
             "a number at least 1",
             self.leader_alpha,
         )?;
         check(
-            self.baseline == BaselineKind::Pomo || self.leader_alpha == 1.0,
+            pomo || self.leader_alpha == 1.0,
             "reinforce.leader_alpha",
             "1 unless `reinforce.baseline = \"pomo\"` (the leader is the best of an instance's multi-start tours)",
             self.leader_alpha,
         )?;
-        check(
-            self.entropy_weight.is_finite() && self.entropy_weight >= 0.0,
-            "reinforce.entropy_weight",
-            "a number at least 0 (0: plain REINFORCE)",
-            self.entropy_weight,
-        )?;
         if let Some(fraction) = self.learn_from {
             check(
-                self.baseline == BaselineKind::Pomo,
+                pomo,
                 "reinforce.learn_from",
                 "left out unless `reinforce.baseline = \"pomo\"` (the tours of an instance against their shared baseline)",
                 fraction,
@@ -892,12 +909,7 @@ impl ReinforceConfig {
                 fraction,
             )?;
         }
-        check(
-            self.baseline != BaselineKind::Rollout || self.baseline_eval_size >= 2,
-            "reinforce.baseline_eval_size",
-            "at least 2 for the t-test",
-            self.baseline_eval_size,
-        )
+        Ok(())
     }
 }
 
@@ -920,7 +932,7 @@ impl SupervisedConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_duration, Config, LoadArithmetic};
+    use super::{parse_duration, Config, LoadArithmetic, ModelKind};
 
     /// Only a `load_arithmetic` written in the file's `[model]` is stated; a bad one is
     /// refused naming the file and the key.
@@ -928,28 +940,27 @@ mod tests {
     fn stated_load_arithmetic_is_what_the_file_writes() {
         let path =
             std::env::temp_dir().join(format!("routeburn-stated-{}.toml", std::process::id()));
-        let stated = |text: &str| {
-            std::fs::write(&path, text).unwrap();
-            Config::stated_load_arithmetic(&path)
+        // Every text is a whole config: the problem's section, then `model`.
+        let stated = |model: &str, kind: Option<ModelKind>| {
+            std::fs::write(&path, format!("[problem]\nn = 5\n{model}")).unwrap();
+            Config::load_stating_load_arithmetic(&path, kind).map(|(_, stated)| stated)
         };
-        let exact = stated("[problem]\nn = 5\n[model]\nload_arithmetic = \"exact\"\n");
+        let exact = stated("[model]\nload_arithmetic = \"exact\"\n", None);
         assert_eq!(exact.unwrap(), Some(LoadArithmetic::Exact));
-        let float32 = stated("[model]\nkind = \"attention\"\nload_arithmetic = \"float32\"\n");
-        assert_eq!(float32.unwrap(), Some(LoadArithmetic::Float32));
-        for silent in [
-            "[problem]\nn = 5\n",
-            "[model]\nembed_dim = 64\n",
-            "load_arithmetic = \"exact\"\n",
-        ] {
-            assert_eq!(stated(silent).unwrap(), None, "{silent}");
+        let text = "[model]\nkind = \"attention\"\nload_arithmetic = \"float32\"\n";
+        assert_eq!(stated(text, None).unwrap(), Some(LoadArithmetic::Float32));
+        for silent in ["", "[model]\nembed_dim = 64\n"] {
+            assert_eq!(stated(silent, None).unwrap(), None, "{silent}");
         }
-        let e = stated("[model]\nload_arithmetic = \"f16\"\n")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains(&path.display().to_string()) && e.contains("model.load_arithmetic"),
-            "{e}"
-        );
+        // Refused whether the section is read or replaced by `--model`'s.
+        let bad = "[model]\nkind = \"attention\"\nload_arithmetic = \"f16\"\n";
+        for kind in [None, Some(ModelKind::Pointer)] {
+            let e = stated(bad, kind).unwrap_err().to_string();
+            assert!(
+                e.contains(&path.display().to_string()) && e.contains("model.load_arithmetic"),
+                "{kind:?}: {e}"
+            );
+        }
         std::fs::remove_file(&path).ok();
     }
 
