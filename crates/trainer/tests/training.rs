@@ -422,6 +422,30 @@ fn learning_from_the_furthest_tours_trains_and_1_is_pomo() {
     assert_eq!(run(Some(0.5), 2, "learn-half-sharded").len(), 2);
 }
 
+/// `reinforce.preference_alpha`: preference optimisation trains in POMO's place (the loss
+/// differs from the first epoch, the costs once the weights move), repeats exactly, and
+/// trains on two shards and from a quarter of the tours.
+#[test]
+fn preference_optimisation_trains_and_repeats() {
+    let _serial = serial();
+    let run = |alpha: Option<f64>, shards: usize, name: &str| {
+        tiny_pomo_numbers(shards, name, |c| c.reinforce.preference_alpha = alpha)
+    };
+    let pomo = run(None, 1, "preference-none");
+    let preferred = run(Some(0.1), 1, "preference-01");
+    let column = |row: &str, i: usize| row.split(',').nth(i).unwrap().to_string();
+    // Columns: epoch, train cost, baseline cost, loss.
+    assert_ne!(column(&pomo[0], 3), column(&preferred[0], 3));
+    assert_ne!(pomo[1], preferred[1]);
+    assert_eq!(preferred, run(Some(0.1), 1, "preference-01-again"));
+    assert_eq!(run(Some(0.1), 2, "preference-01-sharded").len(), 2);
+    let quarter = tiny_pomo_numbers(1, "preference-quarter", |c| {
+        c.reinforce.preference_alpha = Some(0.1);
+        c.reinforce.learn_from = Some(0.25);
+    });
+    assert_ne!(column(&quarter[0], 3), column(&preferred[0], 3));
+}
+
 /// `reinforce.starts`: n starts is POMO's run exactly; fewer train from fewer tours (each
 /// epoch's costs are the means of the first customers' tours alone), and the run repeats;
 /// two shards split the batch by instance, each with its starts.
@@ -690,6 +714,28 @@ fn reinforce_config_errors_name_the_key() {
         (
             TINY.replace("\"rollout\"", "\"pomo\"\nlearn_from = 1.5"),
             "reinforce.learn_from",
+        ),
+        // Preference optimisation's α: with POMO only, above 0, and in place of the
+        // advantage's other shapings.
+        (
+            TINY.replace("warmup_epochs = 1", "warmup_epochs = 1\npreference_alpha = 0.1"),
+            "reinforce.preference_alpha` must be left out unless `reinforce.baseline = \"pomo\"`",
+        ),
+        (
+            TINY.replace("\"rollout\"", "\"pomo\"\npreference_alpha = 0"),
+            "reinforce.preference_alpha` must be a number above 0, got 0",
+        ),
+        (
+            TINY.replace("\"rollout\"", "\"pomo\"\npreference_alpha = inf"),
+            "reinforce.preference_alpha",
+        ),
+        (
+            TINY.replace("\"rollout\"", "\"pomo\"\npreference_alpha = 0.1\nentropy_weight = 0.01"),
+            "reinforce.preference_alpha` must be left out with `reinforce.entropy_weight`",
+        ),
+        (
+            TINY.replace("\"rollout\"", "\"pomo\"\npreference_alpha = 0.1\nleader_alpha = 2"),
+            "reinforce.preference_alpha` must be left out with",
         ),
     ];
     assert_errors_name_the_file_and_key(&cases);

@@ -383,6 +383,13 @@ pub struct ReinforceConfig {
     /// step costs less; left out, every tour.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub learn_from: Option<f64>,
+    /// α of preference optimisation (POMO only): the loss ranks each instance's tours by
+    /// their costs and learns, pair by pair, to make the cheaper tour the likelier, by
+    /// Bradley–Terry over the policy's own log-likelihoods, σ(α (log p_w − log p_l)); left
+    /// out, REINFORCE on each tour's cost less the shared baseline. The loss is already
+    /// entropy-regularised (α is its temperature), so `entropy_weight` stays 0 with it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preference_alpha: Option<f64>,
     /// On CUDA, the rollout baseline's greedy decode of each training batch as a device
     /// graph (a CUDA graph, recorded once per frozen policy and replayed); false decodes it
     /// kernel by kernel. The CPU backends have no device graphs and ignore it.
@@ -402,6 +409,7 @@ impl Default for ReinforceConfig {
             starts: None,
             entropy_weight: 0.0,
             learn_from: None,
+            preference_alpha: None,
             baseline_graph: true,
         }
     }
@@ -907,6 +915,26 @@ impl ReinforceConfig {
                 "reinforce.learn_from",
                 "a fraction in (0, 1] of each instance's tours",
                 fraction,
+            )?;
+        }
+        if let Some(alpha) = self.preference_alpha {
+            check(
+                pomo,
+                "reinforce.preference_alpha",
+                "left out unless `reinforce.baseline = \"pomo\"` (pairs of an instance's multi-start tours)",
+                alpha,
+            )?;
+            check(
+                alpha.is_finite() && alpha > 0.0,
+                "reinforce.preference_alpha",
+                "a number above 0",
+                alpha,
+            )?;
+            check(
+                self.entropy_weight == 0.0 && self.leader_alpha == 1.0,
+                "reinforce.preference_alpha",
+                "left out with `reinforce.entropy_weight` or `reinforce.leader_alpha` (both act on the advantage it replaces)",
+                alpha,
             )?;
         }
         Ok(())

@@ -54,7 +54,13 @@ pub(crate) trait Baseline: Send + Sync {
 
     /// Each tour's advantage, which the loss multiplies by its log-likelihood: its cost
     /// less its baseline value.
-    fn advantages(&self, costs: &[f64], values: &[f64], _rows_per_instance: usize) -> Vec<f64> {
+    fn advantages(
+        &self,
+        costs: &[f64],
+        values: &[f64],
+        _log_likelihoods: &[f32],
+        _rows_per_instance: usize,
+    ) -> Vec<f64> {
         cost_less_value(costs, values)
     }
 

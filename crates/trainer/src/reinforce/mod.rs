@@ -210,7 +210,9 @@ impl Reinforce {
         });
         let values = entropy_valued(&costs, &log_likelihoods, self.entropy_weight);
         let baselines = self.baseline.values(batch, &values, rows, decoded)?;
-        let mut advantages = self.baseline.advantages(&values, &baselines, rows);
+        let mut advantages = self
+            .baseline
+            .advantages(&values, &baselines, &log_likelihoods, rows);
         if let Some(fraction) = self.learn_from {
             learn_from_furthest(&mut advantages, rows, fraction);
         }
@@ -316,6 +318,7 @@ fn baseline_for_run(
         BaselineKind::Exponential => Box::new(ExponentialBaseline::restore(r.exp_beta, state)),
         BaselineKind::Pomo => Box::new(SharedBaseline {
             leader_alpha: r.leader_alpha,
+            preference_alpha: r.preference_alpha,
         }),
         BaselineKind::Rollout => Box::new(RolloutBaseline::for_run(setup, generator, model)?),
     })
@@ -342,10 +345,13 @@ mod tests {
         assert_eq!(values, vec![2.0, -1.0, 1.5, 5.5]);
         let batch = routeburn_data::Generator::uniform(3)
             .sample_batch(&mut routeburn_data::InstanceRng::new(1), 2);
-        let mut pomo = SharedBaseline { leader_alpha: 1.0 };
+        let mut pomo = SharedBaseline {
+            leader_alpha: 1.0,
+            preference_alpha: None,
+        };
         let mut advantages = |v: &[f64]| {
             let baselines = pomo.values(&batch, v, 2, None).unwrap();
-            pomo.advantages(v, &baselines, 2)
+            pomo.advantages(v, &baselines, &log_likelihoods, 2)
         };
         assert_eq!(advantages(&costs), vec![1.0, -1.0, -2.0, 2.0]);
         assert_eq!(advantages(&values), vec![1.5, -1.5, -2.0, 2.0]);
