@@ -106,6 +106,13 @@ fn final_model(run_dir: &Path) -> Vec<f32> {
 }
 
 fn final_weights(run_dir: &Path, config: &Config) -> Vec<f32> {
+    let ckpt = run_dir.join("checkpoints");
+    let latest = std::fs::read_to_string(ckpt.join("latest")).unwrap();
+    weights_in(&ckpt.join(latest.trim()).join("model.bpk"), config)
+}
+
+/// Every parameter value (and BatchNorm statistic) of a model file of `config`'s model.
+fn weights_in(file: &Path, config: &Config) -> Vec<f32> {
     struct Collect(Vec<f32>);
     impl ModuleVisitor for Collect {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
@@ -113,10 +120,7 @@ fn final_weights(run_dir: &Path, config: &Config) -> Vec<f32> {
                 .extend(param.val().into_data().try_into_vec_as::<f32>().unwrap());
         }
     }
-    let ckpt = run_dir.join("checkpoints");
-    let latest = std::fs::read_to_string(ckpt.join("latest")).unwrap();
     let device = Backend::first_on_host().unwrap().device().unwrap();
-    let file = ckpt.join(latest.trim()).join("model.bpk");
     let mut c = Collect(vec![]);
     match &config.model {
         ModelConfig::Attention(a) => a.model_config().init(&device).load_file(file).visit(&mut c),
@@ -154,6 +158,78 @@ fn killed_and_resumed_run_matches_uninterrupted_run() {
         for d in [a, b, c] {
             std::fs::remove_dir_all(d).ok();
         }
+    }
+}
+
+#[test]
+fn weight_averaging_keeps_the_mean_of_the_epochs_and_resumes_exactly() {
+    let _serial = serial();
+    // Four epochs averaged from half-way: the weights at the ends of epochs 2, 3 and 4.
+    let config = |average_from: Option<f64>| {
+        let mut c = tiny("rollout");
+        c.training.epochs = 4;
+        c.training.average_from = average_from;
+        c.checkpointing.keep_last = 4;
+        c
+    };
+    let (plain, averaged, resumed) = (tmp("avg-plain"), tmp("avg-on"), tmp("avg-resumed"));
+    train(options(config(None), &plain, false, None)).unwrap();
+    train(options(config(Some(0.5)), &averaged, false, None)).unwrap();
+    let file = |run: &Path, epoch: usize, name: &str| {
+        let path = run.join(format!("checkpoints/epoch-{epoch:04}/{name}"));
+        weights_in(&path, &config(None))
+    };
+    // Averaging leaves training alone: the weights it goes on from are the plain run's.
+    assert_eq!(
+        file(&averaged, 4, "training-model.bpk"),
+        file(&plain, 4, "model.bpk")
+    );
+    // Before it begins the checkpoint is as without it; an average of one is its set.
+    assert_eq!(
+        file(&averaged, 1, "model.bpk"),
+        file(&plain, 1, "model.bpk")
+    );
+    assert!(!averaged
+        .join("checkpoints/epoch-0001/training-model.bpk")
+        .exists());
+    assert_eq!(
+        file(&averaged, 2, "model.bpk"),
+        file(&plain, 2, "model.bpk")
+    );
+    let live: Vec<Vec<f32>> = (2..=4).map(|e| file(&plain, e, "model.bpk")).collect();
+    let mean = file(&averaged, 4, "model.bpk");
+    assert_eq!(mean.len(), live[0].len());
+    let mut moved = 0;
+    for (i, &got) in mean.iter().enumerate() {
+        let want = (live[0][i] + live[1][i] + live[2][i]) / 3.0;
+        assert!(
+            (got - want).abs() <= 1e-6 * (1.0 + want.abs()),
+            "{i}: {got} vs {want}"
+        );
+        moved += usize::from(got != live[2][i]);
+    }
+    assert!(
+        moved > mean.len() / 2,
+        "the mean is not the last epoch's weights"
+    );
+    // The metrics: the same training columns; validation scores the average from epoch 3.
+    let (p, a) = (numbers(&plain), numbers(&averaged));
+    let column = |row: &str, k: usize| row.split(',').nth(k).unwrap().to_string();
+    for (e, (p, a)) in p.iter().zip(&a).enumerate() {
+        for k in [1, 2, 3, 4, 5, 8] {
+            assert_eq!(column(p, k), column(a, k), "epoch {}, column {k}", e + 1);
+        }
+    }
+    assert_eq!(p[..2], a[..2]);
+    assert_ne!(p[2..], a[2..], "validation did not score the average");
+    // Stopped after epoch 3 (the average holding 2 sets) and resumed: the same run.
+    train(options(config(Some(0.5)), &resumed, false, Some(3))).unwrap();
+    train(options(config(Some(0.5)), &resumed, true, None)).unwrap();
+    assert_eq!(numbers(&resumed), a);
+    assert_eq!(file(&resumed, 4, "model.bpk"), mean);
+    assert_eq!(file(&resumed, 4, "training-model.bpk"), live[2]);
+    for d in [plain, averaged, resumed] {
+        std::fs::remove_dir_all(d).ok();
     }
 }
 
@@ -629,6 +705,18 @@ fn config_errors_name_the_key() {
         (
             TINY.replace("batch_size = 16", "batch_size = 0"),
             "training.batch_size",
+        ),
+        (
+            TINY.replace("lr = 1e-3", "lr = 1e-3\naverage_from = 1.0"),
+            "`training.average_from` must be a fraction of the run, at least 0 and below 1, got 1",
+        ),
+        (
+            TINY.replace("lr = 1e-3", "lr = 1e-3\naverage_from = -0.5"),
+            "training.average_from",
+        ),
+        (
+            TINY.replace("lr = 1e-3", "lr = 1e-3\naverage_from = nan"),
+            "training.average_from",
         ),
         // Keys of the flat layout say where they went.
         (

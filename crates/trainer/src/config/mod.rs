@@ -292,6 +292,11 @@ pub struct TrainingConfig {
     /// not. Left out: the machine's CPU threads (1 on CUDA), written to the run's config.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shards: Option<usize>,
+    /// Average the weights at the end of every epoch from this fraction of the run on (of
+    /// its epochs, or of its `time_limit` if further, as `lr_final` counts it): the
+    /// average is what validation scores and checkpoints hold as the model (SWA).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub average_from: Option<f64>,
 }
 
 /// Seconds of a duration written as `<number><unit>` groups, units `s`, `m`, `h`
@@ -345,6 +350,7 @@ impl Default for TrainingConfig {
             time_limit: None,
             weight_decay: 0.0,
             shards: None,
+            average_from: None,
         }
     }
 }
@@ -786,6 +792,14 @@ impl Config {
                 "training.time_limit",
                 "a positive duration like 90s, 25m, 2h or 1h30m",
                 limit,
+            )?;
+        }
+        if let Some(from) = t.average_from {
+            check(
+                (0.0..1.0).contains(&from),
+                "training.average_from",
+                "a fraction of the run, at least 0 and below 1",
+                from,
             )?;
         }
         check(

@@ -5,7 +5,9 @@
 //!
 //! A checkpoint holds the model (`model.bpk`), the Adam state (`optimizer.bpk`), the
 //! rollout baseline's frozen model (`baseline.bpk`) and everything else needed to continue
-//! exactly (`state.json`: epoch, RNG states, baseline state, the config).
+//! exactly (`state.json`: epoch, RNG states, baseline state, the config). With
+//! `training.average_from`, once averaging has begun, `model.bpk` is the weights' average
+//! and `training-model.bpk` the weights training goes on from.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -41,6 +43,14 @@ pub(crate) struct TrainState {
     /// The best validation so far (kept in `checkpoints/best`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) best: Option<BestValidation>,
+    /// With `training.average_from`: how many epochs' weights `model.bpk` averages (0:
+    /// none, and `model.bpk` holds the weights training goes on from, as without it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) averaged_epochs: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// A validation result, compared by gap when the set has references, else by cost.
@@ -121,6 +131,7 @@ impl TrainState {
             config_toml: config.to_toml(),
             in_epoch,
             best,
+            averaged_epochs: 0,
         }
     }
 
@@ -159,6 +170,8 @@ pub(crate) struct Checkpoints {
 
 pub(crate) const MODEL_FILE: &str = "model.bpk";
 pub(crate) const OPTIMIZER_FILE: &str = "optimizer.bpk";
+/// The weights training goes on from, where `model.bpk` holds their average instead.
+pub(crate) const TRAINING_MODEL_FILE: &str = "training-model.bpk";
 pub(crate) const BASELINE_FILE: &str = "baseline.bpk";
 pub(crate) const STATE_FILE: &str = "state.json";
 /// Pointer files naming the newest and the best checkpoint.

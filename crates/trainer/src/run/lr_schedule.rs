@@ -19,6 +19,17 @@ pub(crate) struct RunPosition {
     pub elapsed_seconds: f64,
 }
 
+impl RunPosition {
+    /// How far through the run this is, from 0 to 1: the larger of the fraction of
+    /// `epochs` done and the fraction of `time_limit` (seconds) spent.
+    pub(crate) fn progress(&self, epochs: usize, time_limit: Option<f64>) -> f64 {
+        let steps = self.steps_per_epoch.max(1) as f64;
+        let by_epochs = (self.epoch as f64 + self.step as f64 / steps) / epochs as f64;
+        let by_time = time_limit.map_or(0.0, |limit| self.elapsed_seconds / limit);
+        by_epochs.max(by_time).clamp(0.0, 1.0)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum LrSchedule {
     /// `lr · lr_decay^epoch`: constant within an epoch, and the same numbers on every
@@ -60,13 +71,7 @@ impl LrSchedule {
                 lr_final,
                 epochs,
                 time_limit,
-            } => {
-                let steps = at.steps_per_epoch.max(1) as f64;
-                let by_epochs = (at.epoch as f64 + at.step as f64 / steps) / epochs as f64;
-                let by_time = time_limit.map_or(0.0, |limit| at.elapsed_seconds / limit);
-                let progress = by_epochs.max(by_time).clamp(0.0, 1.0);
-                lr * (lr_final / lr).powf(progress)
-            }
+            } => lr * (lr_final / lr).powf(at.progress(epochs, time_limit)),
         }
     }
 

@@ -1,6 +1,7 @@
 //! The run skeleton and what every training method shares: the run directory, device,
 //! seeding, resume, the epoch loop, validation, metrics, progress and checkpoints.
 
+pub(crate) mod averaging;
 pub(crate) mod checkpoint;
 pub(crate) mod interrupt;
 pub(crate) mod lock;

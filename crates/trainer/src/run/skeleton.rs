@@ -20,9 +20,10 @@ use crate::adam::Adam;
 use crate::atomic::write_atomic;
 use crate::config::{Config, Precision};
 use crate::error::TrainError;
+use crate::run::averaging::WeightAverage;
 use crate::run::checkpoint::{
     record_error, save_module, BaselineState, BestValidation, Checkpoints, EpochProgress,
-    TrainState, MODEL_FILE, OPTIMIZER_FILE,
+    TrainState, MODEL_FILE, OPTIMIZER_FILE, TRAINING_MODEL_FILE,
 };
 use crate::run::interrupt;
 use crate::run::lock::RunLock;
@@ -189,6 +190,9 @@ struct Run<M: TrainingMethod> {
     checkpoints: Checkpoints,
     metrics_path: PathBuf,
     model: M::Model,
+    /// With `training.average_from`, once begun: the mean of the weights at epochs' ends
+    /// (inference copies), which validation scores and checkpoints hold as the model.
+    average: Option<WeightAverage<M::Model>>,
     optimizer: Adam,
     rngs: RunRngs,
     method: M,
@@ -236,6 +240,7 @@ impl<M: TrainingMethod> Run<M> {
             train: InstanceRng::new(t.seed ^ TRAIN_STREAM),
             noise: InstanceRng::new(t.seed ^ NOISE_STREAM),
         };
+        let mut average = None;
         let resumed = match opts.resume {
             true => Some(resume_point(
                 &checkpoints,
@@ -246,7 +251,8 @@ impl<M: TrainingMethod> Run<M> {
         };
         match &resumed {
             Some((dir, state)) => {
-                (model, optimizer) = load_training_state(model, optimizer, dir, &device)?;
+                (model, optimizer, average) =
+                    load_training_state(model, optimizer, (dir, state), &device)?;
                 rngs.train = state.train_rng.clone();
                 rngs.noise = state.noise_rng.clone();
             }
@@ -290,6 +296,7 @@ impl<M: TrainingMethod> Run<M> {
             checkpoints,
             metrics_path,
             model,
+            average,
             optimizer,
             rngs,
             method,
@@ -361,9 +368,16 @@ impl<M: TrainingMethod> Run<M> {
         let train_seconds = seconds_before + epoch_start.elapsed().as_secs_f64();
 
         let inference_model = self.model.valid();
+        times.time(Phase::Optimizer, || {
+            self.average_in(epoch, &inference_model)
+        });
+        let scored = self
+            .average
+            .as_ref()
+            .map_or(&inference_model, WeightAverage::mean);
         let (val_cost, val_gap, baseline_updated) =
             times.time(Phase::Validation, || -> Result<_, TrainError> {
-                let (cost, gap) = self.validation.evaluate(&inference_model, &self.device)?;
+                let (cost, gap) = self.validation.evaluate(scored, &self.device)?;
                 let updated = self.method.end_epoch(&inference_model, self.opts.verbose)?;
                 Ok((cost, gap, updated))
             })?;
@@ -387,6 +401,36 @@ impl<M: TrainingMethod> Run<M> {
             stopped.then(|| totals.progress(steps_done, &stats, &metrics.phases, metrics.seconds));
         self.finish_epoch(epoch, &metrics, progress)?;
         Ok((metrics, stopped))
+    }
+
+    /// Adds the weights at the end of `epoch` (`model`, an inference copy) to the average,
+    /// once the run is `training.average_from` of its way through.
+    fn average_in(&mut self, epoch: usize, model: &M::Model) {
+        let t = &self.opts.config.training;
+        let Some(from) = t.average_from else {
+            return;
+        };
+        let end = RunPosition {
+            epoch: epoch + 1,
+            step: 0,
+            steps_per_epoch: 1,
+            elapsed_seconds: self.elapsed(),
+        };
+        if end.progress(t.epochs, self.time_limit) < from {
+            return;
+        }
+        match &mut self.average {
+            Some(average) => average.add(model),
+            None => {
+                if self.opts.verbose {
+                    eprintln!(
+                        "averaging the weights from the end of epoch {} on (`training.average_from = {from}`): validation scores the average, and checkpoints hold it as the model",
+                        epoch + 1
+                    );
+                }
+                self.average = Some(WeightAverage::new(model));
+            }
+        }
     }
 
     /// Wall-clock seconds of the whole run, resumed sessions included.
@@ -597,14 +641,21 @@ impl<M: TrainingMethod> Run<M> {
         let config = &self.opts.config;
         let name = Checkpoints::name(epochs, in_epoch.as_ref().map(|p| p.steps_done));
         let write = |dir: &Path| {
-            save_module(&self.model, &dir.join(MODEL_FILE), "model")?;
+            match &self.average {
+                Some(average) => {
+                    save_module(average.mean(), &dir.join(MODEL_FILE), "weight average")?;
+                    save_module(&self.model, &dir.join(TRAINING_MODEL_FILE), "model")?;
+                }
+                None => save_module(&self.model, &dir.join(MODEL_FILE), "model")?,
+            }
             let p = dir.join(OPTIMIZER_FILE);
             self.optimizer.save(&self.model, &p)?;
             let mut baseline = BaselineState::default();
             self.method.save(dir, &mut baseline)?;
             let rngs = [&self.rngs.train, &self.rngs.noise];
-            let state =
+            let mut state =
                 TrainState::new(config, epochs, rngs, baseline, elapsed, in_epoch, self.best);
+            state.averaged_epochs = self.average.as_ref().map_or(0, WeightAverage::count);
             Ok(state)
         };
         match best {
@@ -690,17 +741,26 @@ fn resolve_shards(opts: &TrainOptions) -> usize {
     }
 }
 
-/// The model and optimizer of a checkpoint directory.
+/// The model, optimizer and weight average of a checkpoint directory (`dir`, whose state
+/// is `state`), read into copies of `fresh`.
 fn load_training_state<T: Module>(
-    model: T,
+    fresh: T,
     optimizer: Adam,
-    dir: &Path,
+    (dir, state): (&Path, &TrainState),
     device: &Device,
-) -> Result<(T, Adam), TrainError> {
-    let model_path = dir.join(MODEL_FILE);
-    let model = model
-        .try_load_file(&model_path)
-        .map_err(|e| record_error(&model_path, "model", e))?;
+) -> Result<(T, Adam, Option<WeightAverage<T>>), TrainError> {
+    let load = |file: &str, what: &str| {
+        let path = dir.join(file);
+        (fresh.clone().try_load_file(&path)).map_err(|e| record_error(&path, what, e))
+    };
+    let (model, average) = match state.averaged_epochs {
+        0 => (load(MODEL_FILE, "model")?, None),
+        count => {
+            let mean = load(MODEL_FILE, "weight average")?.valid();
+            let model = load(TRAINING_MODEL_FILE, "model")?;
+            (model, Some(WeightAverage::restored(mean, count)))
+        }
+    };
     let opt_path = dir.join(OPTIMIZER_FILE);
     if !opt_path.exists() {
         return Err(TrainError::checkpoint(
@@ -709,7 +769,7 @@ fn load_training_state<T: Module>(
         ));
     }
     let optimizer = optimizer.load(&model, &opt_path, device)?;
-    Ok((model, optimizer))
+    Ok((model, optimizer, average))
 }
 
 /// The checkpoint a run resumes from (the latest, or `name`), checked to be of the
