@@ -241,14 +241,9 @@ impl<M: TrainingMethod> Run<M> {
             noise: InstanceRng::new(t.seed ^ NOISE_STREAM),
         };
         let mut average = None;
-        let resumed = match opts.resume {
-            true => Some(resume_point(
-                &checkpoints,
-                config,
-                opts.resume_from.as_deref(),
-            )?),
-            false => None,
-        };
+        let resumed = (opts.resume)
+            .then(|| resume_point(&checkpoints, config, opts.resume_from.as_deref()))
+            .transpose()?;
         match &resumed {
             Some((dir, state)) => {
                 (model, optimizer, average) =
