@@ -9,7 +9,7 @@ use routeburn_model::{AttentionModel, LoadArithmetic, Normalization};
 use serde::Serialize;
 
 use super::torch_file::{self, NamedTensor};
-use super::{Exported, Params};
+use super::{ExportError, Exported, Params};
 use crate::config::AttentionConfig;
 use crate::import::kool::{DECODER_PROJECTIONS, EMBEDDINGS};
 use crate::import::normalization_name;
@@ -39,14 +39,14 @@ pub(super) fn checkpoint(
     config: &AttentionConfig,
     graph_size: usize,
     epochs: usize,
-) -> Result<Exported, String> {
+) -> Result<Exported, ExportError> {
     if config.normalization == Normalization::Layer {
-        return Err(
-            "layer normalisation: Kool's code has batch and instance normalisation only".into(),
-        );
+        return Err(ExportError::Unsupported(
+            "layer normalisation: Kool's code has batch and instance normalisation only",
+        ));
     }
     if config.attention_bias {
-        return Err("attention biases (`model.attention_bias`, rl4co's models): Kool's attention projections have none".into());
+        return Err(ExportError::Unsupported("attention biases (`model.attention_bias`, rl4co's models): Kool's attention projections have none"));
     }
     let args = KoolArgs {
         problem: "cvrp",
@@ -59,8 +59,7 @@ pub(super) fn checkpoint(
         tanh_clipping: config.tanh_clipping,
     };
     let tensors = state_dict(model, config)?;
-    let weights = torch_file::state_dict_file("model", &tensors, &[])
-        .map_err(|e| format!("writing the PyTorch archive: {e}"))?;
+    let weights = torch_file::state_dict_file("model", &tensors, &[])?;
     let args = serde_json::to_string_pretty(&args).expect("plain values serialise") + "\n";
     // Kool's runs number their epochs from 0: the checkpoint after 15 is epoch-14.pt.
     // The weights first: a directory with args.json in it is complete.
@@ -96,7 +95,7 @@ fn warnings(config: &AttentionConfig) -> Vec<String> {
 fn state_dict(
     model: &AttentionModel,
     config: &AttentionConfig,
-) -> Result<Vec<NamedTensor>, String> {
+) -> Result<Vec<NamedTensor>, ExportError> {
     let mut params = Params::of(model)?;
     for (kools, ours) in EMBEDDINGS {
         params.linear(ours, kools, true)?;
@@ -112,7 +111,11 @@ fn state_dict(
 
 /// Encoder layer `i`: the attention's column blocks as Kool's per-head projections,
 /// then the normalisations and the feed-forward pair around it.
-fn encoder_layer(params: &mut Params, i: usize, config: &AttentionConfig) -> Result<(), String> {
+fn encoder_layer(
+    params: &mut Params,
+    i: usize,
+    config: &AttentionConfig,
+) -> Result<(), ExportError> {
     let (from, to) = (
         format!("encoder.layers.{i}"),
         format!("embedder.layers.{i}"),
@@ -120,9 +123,11 @@ fn encoder_layer(params: &mut Params, i: usize, config: &AttentionConfig) -> Res
     let (shape, qkv) = params.take(&format!("{from}.attention.qkv.weight"))?;
     let heads = config.num_heads;
     let [d, width] = shape[..] else {
-        return Err(format!(
-            "`{from}.attention.qkv.weight` has shape {shape:?}, not [d, 3d]"
-        ));
+        return Err(ExportError::Shape {
+            name: format!("{from}.attention.qkv.weight"),
+            shape,
+            expected: "[d, 3d]",
+        });
     };
     let dk = width / (3 * heads);
     for (g, w) in ["W_query", "W_key", "W_val"].into_iter().enumerate() {
@@ -244,13 +249,13 @@ mod tests {
             normalization: Normalization::Layer,
             ..small.clone()
         };
-        let e = export(&layer).err().unwrap();
+        let e = export(&layer).err().unwrap().to_string();
         assert!(e.contains("layer normalisation"), "{e}");
         let biased = AttentionConfig {
             attention_bias: true,
             ..small.clone()
         };
-        let e = export(&biased).err().unwrap();
+        let e = export(&biased).err().unwrap().to_string();
         assert!(e.contains("attention_bias"), "{e}");
         // Another width of heads and feed-forward, exact loads: written, with both said.
         let out = export(&small).unwrap();

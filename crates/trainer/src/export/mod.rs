@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use burn::store::ModuleSnapshot;
 use burn::tensor::DType;
 use routeburn_model::{AttentionModel, Normalization};
+use thiserror::Error;
 
 use crate::config::AttentionConfig;
 use crate::import::{f32s_from_le, norm_parameters, transposed};
@@ -38,6 +39,31 @@ impl Format {
     }
 }
 
+/// Why a model cannot be written in the other project's format.
+#[derive(Debug, Error)]
+pub(crate) enum ExportError {
+    /// A configuration the other project's model has no form for.
+    #[error("{0}")]
+    Unsupported(&'static str),
+    #[error("`{name}` is {dtype}; PyTorch's models are float32")]
+    NotFloat32 { name: String, dtype: String },
+    #[error("routeburn's attention model has no `{0}`")]
+    Missing(String),
+    #[error("`{name}` has shape {shape:?}, not {expected}")]
+    Shape {
+        name: String,
+        shape: Vec<usize>,
+        expected: &'static str,
+    },
+    /// A parameter left over once the other model's tensors are all made.
+    #[error("routeburn's `{name}` has no place in {model}")]
+    Unplaced { name: String, model: &'static str },
+    #[error("reading the model's tensors: {0}")]
+    Snapshot(String),
+    #[error("writing the PyTorch archive: {0}")]
+    Archive(#[from] zip::result::ZipError),
+}
+
 /// The files of an exported model (names within the output directory, bytes), and what a
 /// user of them should know.
 pub(crate) struct Exported {
@@ -54,7 +80,7 @@ pub(crate) fn export(
     config: &AttentionConfig,
     graph_size: usize,
     epochs: usize,
-) -> Result<Exported, String> {
+) -> Result<Exported, ExportError> {
     match format {
         Format::Kool => kool::checkpoint(model, config, graph_size, epochs),
         Format::Rl4co => rl4co::checkpoint(model, config),
@@ -69,16 +95,18 @@ struct Params {
 }
 
 impl Params {
-    fn of(model: &AttentionModel) -> Result<Self, String> {
+    fn of(model: &AttentionModel) -> Result<Self, ExportError> {
         let mut remaining = HashMap::new();
         for t in model.collect(None, None, false) {
             if t.dtype != DType::F32 {
-                return Err(format!(
-                    "`{}` is {:?}; PyTorch's models are float32",
-                    t.name, t.dtype
-                ));
+                return Err(ExportError::NotFloat32 {
+                    name: t.name.clone(),
+                    dtype: format!("{:?}", t.dtype),
+                });
             }
-            let (name, _, shape, _, bytes) = t.into_parts().map_err(|e| e.to_string())?;
+            let (name, _, shape, _, bytes) = t
+                .into_parts()
+                .map_err(|e| ExportError::Snapshot(e.to_string()))?;
             remaining.insert(name, (shape.to_vec(), f32s_from_le(&bytes)));
         }
         Ok(Self {
@@ -87,10 +115,10 @@ impl Params {
         })
     }
 
-    fn take(&mut self, name: &str) -> Result<(Vec<usize>, Vec<f32>), String> {
+    fn take(&mut self, name: &str) -> Result<(Vec<usize>, Vec<f32>), ExportError> {
         self.remaining
             .remove(name)
-            .ok_or_else(|| format!("routeburn's attention model has no `{name}`"))
+            .ok_or_else(|| ExportError::Missing(name.to_string()))
     }
 
     fn push(&mut self, name: String, shape: Vec<usize>, values: Vec<f32>) {
@@ -102,12 +130,14 @@ impl Params {
     }
 
     /// Burn's `[in, out]` linear weight as PyTorch's `[out, in]`, the bias as it is.
-    fn linear(&mut self, from: &str, to: &str, bias: bool) -> Result<(), String> {
+    fn linear(&mut self, from: &str, to: &str, bias: bool) -> Result<(), ExportError> {
         let (shape, w) = self.take(&format!("{from}.weight"))?;
         let [rows, cols] = shape[..] else {
-            return Err(format!(
-                "`{from}.weight` has shape {shape:?}, not [in, out]"
-            ));
+            return Err(ExportError::Shape {
+                name: format!("{from}.weight"),
+                shape,
+                expected: "[in, out]",
+            });
         };
         self.push(
             format!("{to}.weight"),
@@ -122,7 +152,7 @@ impl Params {
     }
 
     /// A normaliser as PyTorch's (`weight`, `bias`, batch norm's running statistics).
-    fn norm(&mut self, from: &str, to: &str, norm: Normalization) -> Result<(), String> {
+    fn norm(&mut self, from: &str, to: &str, norm: Normalization) -> Result<(), ExportError> {
         let (variant, stats) = norm_parameters(norm);
         for (ours, theirs) in [("gamma", "weight"), ("beta", "bias")]
             .into_iter()
@@ -143,7 +173,7 @@ impl Params {
         to: &str,
         feed_forward: [&str; 2],
         norm: Normalization,
-    ) -> Result<(), String> {
+    ) -> Result<(), ExportError> {
         self.norm(
             &format!("{from}.attention_norm"),
             &format!("{to}.1.normalizer"),
@@ -167,9 +197,12 @@ impl Params {
     }
 
     /// The tensors made, once every routeburn parameter has been placed.
-    fn finish(self, model: &str) -> Result<Vec<NamedTensor>, String> {
+    fn finish(self, model: &'static str) -> Result<Vec<NamedTensor>, ExportError> {
         match self.remaining.keys().min() {
-            Some(left) => Err(format!("routeburn's `{left}` has no place in {model}")),
+            Some(left) => Err(ExportError::Unplaced {
+                name: left.clone(),
+                model,
+            }),
             None => Ok(self.out),
         }
     }

@@ -10,7 +10,7 @@
 use routeburn_model::{AttentionModel, LoadArithmetic};
 use serde_json::json;
 
-use super::{torch_file, Exported, Params};
+use super::{torch_file, ExportError, Exported, Params};
 use crate::config::AttentionConfig;
 use crate::import::normalization_name;
 use crate::import::rl4co::{DECODER_PROJECTIONS, EMBEDDINGS};
@@ -19,7 +19,7 @@ use crate::import::rl4co::{DECODER_PROJECTIONS, EMBEDDINGS};
 pub(super) fn checkpoint(
     model: &AttentionModel,
     config: &AttentionConfig,
-) -> Result<Exported, String> {
+) -> Result<Exported, ExportError> {
     let policy_kwargs = json!({
         "env_name": "cvrp",
         "embed_dim": config.embed_dim,
@@ -39,8 +39,7 @@ pub(super) fn checkpoint(
         "state_dict",
         &tensors,
         &[("hyper_parameters", hyper_parameters)],
-    )
-    .map_err(|e| format!("writing the PyTorch archive: {e}"))?;
+    )?;
     let mut warnings = vec![];
     if config.load_arithmetic == LoadArithmetic::Float32 {
         warnings.push(
@@ -58,7 +57,7 @@ pub(super) fn checkpoint(
 fn state_dict(
     model: &AttentionModel,
     config: &AttentionConfig,
-) -> Result<Vec<torch_file::NamedTensor>, String> {
+) -> Result<Vec<torch_file::NamedTensor>, ExportError> {
     let mut params = Params::of(model)?;
     for (theirs, ours) in EMBEDDINGS {
         params.linear(ours, &format!("policy.{theirs}"), true)?;
