@@ -40,4 +40,5 @@ pub use ops::matmul::MatmulPrecision;
 pub use ops::StepKernel;
 pub use runtime::backend::{Backend, BackendError};
 pub use runtime::device::DeviceTraits;
+pub use runtime::device_graph::DeviceGraphError;
 pub use runtime::{cubecl_config, launches};

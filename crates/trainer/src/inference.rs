@@ -343,7 +343,9 @@ impl<'a, P: Policy + Sync + Clone> GraphSolver<'a, P> {
         let parts = match &self.recorded {
             Some(recorded) if recorded.fits(&batch) => {
                 self.replays += 1;
-                vec![recorded.replay(&batch).map_err(TrainError::Failed)?]
+                vec![recorded
+                    .replay(&batch)
+                    .map_err(|e| TrainError::Failed(e.to_string()))?]
             }
             Some(_) => self.eager(&batch, &options, device),
             None if self.refused => self.eager(&batch, &options, device),

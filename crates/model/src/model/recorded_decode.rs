@@ -16,7 +16,7 @@ use routeburn_data::Batch;
 
 use crate::model::decode::{DecodeOptions, DecodeOutput, Policy};
 use crate::model::problem::DeviceBatch;
-use crate::runtime::device_graph::{reason, record, write_in_place};
+use crate::runtime::device_graph::{record, write_in_place, DeviceGraphError};
 
 /// A decode recorded as a device graph: each [`replay`](Self::replay) decodes another batch
 /// of the recorded one's size, written into the recorded inputs, as one launch.
@@ -42,7 +42,7 @@ impl<P: Policy + Clone> RecordedDecode<P> {
         batch: &Batch,
         options: &DecodeOptions,
         device: &Device,
-    ) -> Result<(Self, Tensor<2, Int>), String> {
+    ) -> Result<(Self, Tensor<2, Int>), DeviceGraphError> {
         let inputs = DeviceBatch::upload_flat(batch, device);
         // The views into `inputs` are made inside the recorded decode, so that the graph
         // reads the buffer itself, which each replay's batch overwrites.
@@ -54,7 +54,7 @@ impl<P: Policy + Clone> RecordedDecode<P> {
         // SAFETY: as in `replay`; every buffer the graph uses is alive (the parameters,
         // `inputs`, `output`, the pinned intermediates).
         unsafe { Dispatch::graph_replay(device.as_dispatch(), &graph) }
-            .map_err(|e| reason("replaying the graph", e))?;
+            .map_err(|e| DeviceGraphError::backend("replaying the graph", e))?;
         let actions = output.actions.clone();
         let recorded = Self {
             _policy: policy,
@@ -75,12 +75,14 @@ impl<P: Policy + Clone> RecordedDecode<P> {
     /// Decodes `batch` (as many instances of the same n as the recorded one) by writing it
     /// into the recorded inputs and replaying the graph; its `[R, T]` actions, which the
     /// next replay overwrites: read them first.
-    pub fn replay(&self, batch: &Batch) -> Result<Tensor<2, Int>, String> {
+    pub fn replay(&self, batch: &Batch) -> Result<Tensor<2, Int>, DeviceGraphError> {
         if !self.fits(batch) {
-            return Err(format!(
-                "a batch of {} instances of n = {} replayed on a decode recorded for {} of n = {}",
-                batch.size, batch.n, self.batch_size, self.n
-            ));
+            return Err(DeviceGraphError::OtherBatch {
+                size: batch.size,
+                n: batch.n,
+                recorded_size: self.batch_size,
+                recorded_n: self.n,
+            });
         }
         let device = self.inputs.device();
         let dispatch = device.as_dispatch();
@@ -96,7 +98,7 @@ impl<P: Policy + Clone> RecordedDecode<P> {
         // read of the actions are on the same stream, ordered around the replay.
         let replayed = unsafe { Dispatch::graph_replay(dispatch, &self.graph) };
         drop(written);
-        replayed.map_err(|e| reason("replaying the graph", e))?;
+        replayed.map_err(|e| DeviceGraphError::backend("replaying the graph", e))?;
         Ok(self.output.actions.clone())
     }
 }
@@ -143,7 +145,7 @@ pub fn probe(
     let (graph, recorded) = match record(&device, decode) {
         Ok(recorded) => recorded,
         Err(why) => {
-            found.refused = Some(why);
+            found.refused = Some(why.to_string());
             return found;
         }
     };
@@ -156,7 +158,7 @@ pub fn probe(
         // runs on the device meanwhile, and the read below is on the same stream.
         let replayed = unsafe { Dispatch::graph_replay(device.as_dispatch(), &graph) };
         if let Err(e) = replayed {
-            found.refused = Some(reason("replaying the graph", e));
+            found.refused = Some(DeviceGraphError::backend("replaying the graph", e).to_string());
             return found;
         }
         let tours = read_tours(recorded.actions.clone());
@@ -201,7 +203,16 @@ mod tests {
         let refused = RecordedDecode::record(&model, &first, &DecodeOptions::greedy(), &device)
             .err()
             .expect("no device graph on a CPU backend");
-        assert!(refused.contains("opening the capture"), "{refused}");
+        assert!(
+            matches!(
+                refused,
+                DeviceGraphError::Backend {
+                    step: "opening the capture",
+                    ..
+                }
+            ),
+            "{refused}"
+        );
         let inputs = DeviceBatch::upload_flat(&first, &device);
         let values = DeviceBatch::instance_values(&first);
         if !crate::runtime::device::runs_through_cubecl(&device) {

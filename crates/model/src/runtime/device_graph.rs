@@ -10,6 +10,47 @@
 
 use burn::backend::{Backend as _, BackendGraph, Dispatch};
 use burn::tensor::{Device, Tensor};
+use thiserror::Error;
+
+/// Why a decode was not recorded or replayed as a device graph.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DeviceGraphError {
+    /// A step the backend refused or failed (every CPU backend refuses to open a capture),
+    /// with the backend's error on one line.
+    #[error("{step}: {reason}")]
+    Backend { step: &'static str, reason: String },
+    /// A replay of a batch of another size or n than the recorded one's.
+    #[error("a batch of {size} instances of n = {n} replayed on a decode recorded for {recorded_size} of n = {recorded_n}")]
+    OtherBatch {
+        size: usize,
+        n: usize,
+        recorded_size: usize,
+        recorded_n: usize,
+    },
+    /// Values that are not one f32 for each element of the buffer they are written into.
+    #[error("{values} f32 values written into a buffer of {elements} {dtype}")]
+    OtherBuffer {
+        values: usize,
+        elements: usize,
+        dtype: String,
+    },
+    #[error("writing into a buffer in place needs a CubeCL backend (cuda, cpu)")]
+    NoCubecl,
+}
+
+impl DeviceGraphError {
+    /// The step that failed and the backend's error, on one line.
+    pub(crate) fn backend(step: &'static str, error: impl std::fmt::Display) -> Self {
+        let lines: Vec<String> = (error.to_string().lines())
+            .map(|line| line.trim().to_string())
+            .filter(|line| !line.is_empty())
+            .collect();
+        Self::Backend {
+            step,
+            reason: lines.join(" "),
+        }
+    }
+}
 
 /// Warm-up decodes before the recorded one: Burn's own `capture` runs three, since fusion
 /// takes a different path (and allocates other buffers) the first time it sees a stream.
@@ -20,41 +61,36 @@ const WARM_UP_DECODES: usize = 3;
 pub(crate) fn record<T>(
     device: &Device,
     decode: impl Fn() -> T,
-) -> Result<(BackendGraph<Dispatch>, T), String> {
+) -> Result<(BackendGraph<Dispatch>, T), DeviceGraphError> {
     let dispatch = device.as_dispatch();
-    Dispatch::graph_prepare(dispatch).map_err(|e| reason("preparing the pools", e))?;
+    Dispatch::graph_prepare(dispatch)
+        .map_err(|e| DeviceGraphError::backend("preparing the pools", e))?;
     for _ in 0..WARM_UP_DECODES {
         // Kept until the sync: fusion drops work whose output is dropped before it runs.
         let warm_up = decode();
-        Dispatch::sync(dispatch).map_err(|e| reason("a warm-up decode", e))?;
+        Dispatch::sync(dispatch).map_err(|e| DeviceGraphError::backend("a warm-up decode", e))?;
         drop(warm_up);
     }
-    Dispatch::graph_start_capture(dispatch).map_err(|e| reason("opening the capture", e))?;
+    Dispatch::graph_start_capture(dispatch)
+        .map_err(|e| DeviceGraphError::backend("opening the capture", e))?;
     let recorded = decode();
     let graph = Dispatch::graph_stop_capture(dispatch)
-        .map_err(|e| reason("closing the capture of a decode", e))?;
+        .map_err(|e| DeviceGraphError::backend("closing the capture of a decode", e))?;
     Ok((graph, recorded))
-}
-
-/// The step that failed and the backend's error, on one line.
-pub(crate) fn reason(step: &str, error: impl std::fmt::Display) -> String {
-    let lines: Vec<String> = (error.to_string().lines())
-        .map(|line| line.trim().to_string())
-        .filter(|line| !line.is_empty())
-        .collect();
-    format!("{step}: {}", lines.join(" "))
 }
 
 /// `target`'s buffer overwritten with `values` (as many f32s as it holds) in place: the
 /// same buffer, returned as a tensor to keep until the write has run.
-pub(crate) fn write_in_place(target: &Tensor<1>, values: Vec<f32>) -> Result<Tensor<1>, String> {
+pub(crate) fn write_in_place(
+    target: &Tensor<1>,
+    values: Vec<f32>,
+) -> Result<Tensor<1>, DeviceGraphError> {
     if values.len() != target.dims()[0] || target.dtype() != burn::tensor::DType::F32 {
-        return Err(format!(
-            "{} f32 values written into a buffer of {} {:?}",
-            values.len(),
-            target.dims()[0],
-            target.dtype()
-        ));
+        return Err(DeviceGraphError::OtherBuffer {
+            values: values.len(),
+            elements: target.dims()[0],
+            dtype: format!("{:?}", target.dtype()),
+        });
     }
     #[cfg(feature = "cube")]
     if super::device::runs_through_cubecl(&target.device()) {
@@ -65,7 +101,7 @@ pub(crate) fn write_in_place(target: &Tensor<1>, values: Vec<f32>) -> Result<Ten
         );
         return Ok(Tensor::from_dispatch(out));
     }
-    Err("writing into a buffer in place needs a CubeCL backend (cuda, cpu)".into())
+    Err(DeviceGraphError::NoCubecl)
 }
 
 #[cfg(feature = "cube")]

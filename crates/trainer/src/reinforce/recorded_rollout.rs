@@ -86,7 +86,7 @@ impl RecordedRollout {
                 }
                 "its tours differ from the eager decode's".to_string()
             }
-            Err(why) => why,
+            Err(why) => why.to_string(),
         };
         self.refuse(&refusal);
         Ok(None)
