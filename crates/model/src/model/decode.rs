@@ -173,7 +173,7 @@ pub(crate) fn rollout(
     let (mut state, forced) = start_state(problem, options, arithmetic);
 
     let max_steps = max_decode_steps(n);
-    let mut record = Record::new(stable, rows, max_steps, &device);
+    let mut record = Record::new(rows, max_steps, &device);
     let first_step = usize::from(forced.is_some());
     if let Some(forced) = forced {
         record.push_action(forced);
@@ -354,33 +354,22 @@ impl FinishChecks {
 
 /// Where a decode's actions and chosen log-probabilities go: the actions in a list,
 /// concatenated once at the end ([`cat_columns`]: one fused kernel on CubeCL devices, where
-/// a `[R, 2n]` record written in place was a launch a step); the log-probabilities in a list
-/// too (host-driven backends), or as a running `[R, 1]` sum (CubeCL: one fused gather and
-/// add a step, the same operations at every step however long the decode).
+/// a `[R, 2n]` record written in place was a launch a step); the log-probabilities as a
+/// running `[R, 1]` sum, added in step order. A row's log-likelihood is then the same bits
+/// however long the rest of its batch decodes (the depot steps after a row finishes add
+/// exact zeros), where a sum over the record's columns would group its terms in SIMD
+/// lanes by the record's length. On CubeCL the add is fused with the step's gather: the
+/// same operations at every step however long the decode.
 struct Record {
     actions: Vec<Tensor<2, Int>>,
-    log_likelihood: LogLikelihood,
-    rows: usize,
-}
-
-#[allow(
-    clippy::large_enum_variant,
-    reason = "one per decode, never in a collection: boxing would buy nothing"
-)]
-enum LogLikelihood {
-    Lists(Vec<Tensor<2>>),
-    Running(Tensor<2>),
+    log_likelihood: Tensor<2>,
 }
 
 impl Record {
-    fn new(running: bool, rows: usize, max_steps: usize, device: &burn::tensor::Device) -> Self {
+    fn new(rows: usize, max_steps: usize, device: &Device) -> Self {
         Self {
             actions: Vec::with_capacity(max_steps),
-            log_likelihood: match running {
-                true => LogLikelihood::Running(Tensor::zeros([rows, 1], device)),
-                false => LogLikelihood::Lists(Vec::with_capacity(max_steps)),
-            },
-            rows,
+            log_likelihood: Tensor::zeros([rows, 1], device),
         }
     }
 
@@ -391,26 +380,13 @@ impl Record {
 
     /// `log_p`: `[R, 1]`, the chosen node's log-probability.
     fn push_log_prob(&mut self, log_p: Tensor<2>) {
-        match &mut self.log_likelihood {
-            LogLikelihood::Lists(log_probs) => log_probs.push(log_p),
-            LogLikelihood::Running(sum) => *sum = sum.clone() + log_p,
-        }
+        self.log_likelihood = self.log_likelihood.clone() + log_p;
     }
 
     fn finish(self, rows_per_instance: usize) -> DecodeOutput {
-        let device = self.actions[0].device();
-        let log_likelihood = match self.log_likelihood {
-            LogLikelihood::Lists(log_probs) if log_probs.is_empty() => {
-                Tensor::zeros([self.rows], &device)
-            }
-            LogLikelihood::Lists(log_probs) => {
-                cat_columns(log_probs).sum_dim(1).squeeze_dim::<1>(1)
-            }
-            LogLikelihood::Running(sum) => sum.squeeze_dim::<1>(1),
-        }; // [R]
         DecodeOutput {
-            actions: cat_columns(self.actions), // [R, T]
-            log_likelihood,
+            actions: cat_columns(self.actions),                      // [R, T]
+            log_likelihood: self.log_likelihood.squeeze_dim::<1>(1), // [R]
             rows_per_instance,
         }
     }
@@ -565,47 +541,55 @@ mod tests {
         assert!(decode_steps_taken() - before >= steps);
     }
 
-    /// Both records give the same actions and log-likelihoods (sums of the same terms,
-    /// listed or running) for one made-up decode.
+    /// The record keeps the actions in order and each row's log-probabilities added in
+    /// step order; the depot steps a finished row takes after its tour (log-probability 0)
+    /// change no bit of it, whatever the values' rounding.
     #[test]
-    fn running_record_matches_lists() {
+    fn the_record_adds_log_probabilities_in_step_order() {
         let device = Backend::first_on_host().unwrap().device().unwrap();
-        let (rows, max_steps, steps) = (3, 6, 4);
-        let mut lists = Record::new(false, rows, max_steps, &device);
-        let mut running = Record::new(true, rows, max_steps, &device);
+        let (rows, tour_steps, padded_steps) = (3, 11, 20);
+        let mut record = Record::new(rows, padded_steps, &device);
         let mut expected_ll = [0.0f32; 3];
-        let mut expected_actions = vec![0i64; rows * steps];
-        for step in 0..steps {
-            let nodes: Vec<i64> = (0..rows as i64).map(|r| (r + step as i64) % 3).collect();
+        let mut expected_actions = vec![0i64; rows * padded_steps];
+        for step in 0..padded_steps {
+            let on_tour = step < tour_steps;
+            let nodes: Vec<i64> = (0..rows as i64)
+                .map(|r| {
+                    if on_tour {
+                        1 + (r + step as i64) % 3
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            // Thirds and sevenths round at every add, so the order of the adds shows.
             let log_p: Vec<f32> = (0..rows)
-                .map(|r| -0.1 * (r + 2 * step + 1) as f32)
+                .map(|r| match on_tour {
+                    true => -((r + 2 * step + 1) as f32) / 3.0 - 1.0 / 7.0,
+                    false => 0.0,
+                })
                 .collect();
             for (r, (sum, lp)) in expected_ll.iter_mut().zip(&log_p).enumerate() {
                 *sum += lp;
-                expected_actions[r * steps + step] = nodes[r];
+                expected_actions[r * padded_steps + step] = nodes[r];
             }
-            for record in [&mut lists, &mut running] {
-                let action =
-                    Tensor::<2, Int>::from_data(TensorData::new(nodes.clone(), [rows, 1]), &device);
-                record.push_log_prob(Tensor::from_data(
-                    TensorData::new(log_p.clone(), [rows, 1]),
-                    &device,
-                ));
-                record.push_action(action);
-            }
+            let action = Tensor::<2, Int>::from_data(TensorData::new(nodes, [rows, 1]), &device);
+            record.push_log_prob(Tensor::from_data(
+                TensorData::new(log_p, [rows, 1]),
+                &device,
+            ));
+            record.push_action(action);
         }
-        for decoded in [lists.finish(1), running.finish(1)] {
-            let actions = decoded.actions.into_data().convert::<i64>();
-            assert_eq!(actions.try_to_vec::<i64>().unwrap(), expected_actions);
-            let ll = decoded
-                .log_likelihood
-                .into_data()
-                .try_to_vec::<f32>()
-                .unwrap();
-            for (got, want) in ll.iter().zip(expected_ll) {
-                assert!((got - want).abs() < 1e-6, "{got} vs {want}");
-            }
-        }
+        let decoded = record.finish(1);
+        let actions = decoded.actions.into_data().convert::<i64>();
+        assert_eq!(actions.try_to_vec::<i64>().unwrap(), expected_actions);
+        let ll = decoded
+            .log_likelihood
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&ll), bits(&expected_ll));
     }
 
     /// Past [`CAT_GROUP`] columns (a CVRP100 decode's 200 steps), the grouped cat keeps
