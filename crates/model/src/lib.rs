@@ -14,6 +14,8 @@
 //!   CUDA driver check, the kernel cache and compile counters, kernel launches and
 //!   device graphs.
 
+#[doc(hidden)]
+pub mod fixed_weights;
 pub mod model;
 pub(crate) mod ops;
 pub mod runtime;

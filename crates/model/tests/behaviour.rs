@@ -71,7 +71,7 @@ fn greedy_alone_equals_greedy_in_batch() {
         Normalization::Instance,
         Normalization::Layer,
     ] {
-        let model = small_config(norm).init(&device);
+        let model = fixed_weights(small_config(norm).init(&device));
         let instances = Generator::uniform(12).sample_many(&mut InstanceRng::new(9), 16, "a");
         let batch = batch_of(&instances);
         let out = model.decode(
@@ -101,7 +101,7 @@ fn greedy_alone_equals_greedy_in_batch() {
 #[test]
 fn chunked_decode_equals_whole_batch() {
     let device = device();
-    let model = small_config(Normalization::Batch).init(&device);
+    let model = fixed_weights(small_config(Normalization::Batch).init(&device));
     let batch = Generator::uniform(9).sample_batch(&mut InstanceRng::new(4), 16);
     for options in [
         DecodeOptions::greedy(),
@@ -146,7 +146,7 @@ fn chunked_decode_equals_whole_batch() {
 #[test]
 fn same_seed_same_samples() {
     let device = device();
-    let model = small_config(Normalization::Batch).init(&device);
+    let model = fixed_weights(small_config(Normalization::Batch).init(&device));
     let batch = Generator::uniform(20).sample_batch(&mut InstanceRng::new(1), 32);
     let sample = |seed| {
         let mut rng = InstanceRng::new(seed);
@@ -178,7 +178,7 @@ fn same_seed_same_samples() {
 #[test]
 fn follow_scores_given_tours() {
     let device = device();
-    let model = small_config(Normalization::Batch).init(&device);
+    let model = fixed_weights(small_config(Normalization::Batch).init(&device));
     let (b, n) = (6, 8);
     let batch = Generator::uniform(n).sample_batch(&mut InstanceRng::new(21), b);
     let noise = NoiseShape {
@@ -269,7 +269,7 @@ fn in_index_order(batch: &routeburn_data::Batch, i: usize) -> Vec<i64> {
 #[test]
 fn default_model_shapes() {
     let device = device();
-    let model = AttentionModelConfig::new().init(&device);
+    let model = fixed_weights(AttentionModelConfig::new().init(&device));
     let batch = Generator::uniform(10).sample_batch(&mut InstanceRng::new(3), 4);
     let out = model.decode(
         &DeviceBatch::upload(&batch, None, &device),
@@ -321,7 +321,7 @@ fn every_parameter_gets_a_gradient() {
         Normalization::Instance,
         Normalization::Layer,
     ] {
-        let model = small_config(norm).init(&device);
+        let model = fixed_weights(small_config(norm).init(&device));
         let batch = Generator::uniform(10).sample_batch(&mut InstanceRng::new(4), 16);
         let mut rng = InstanceRng::new(8);
         let problem = DeviceBatch::upload(
@@ -359,7 +359,7 @@ fn every_parameter_gets_a_gradient() {
 #[test]
 fn pointer_network_teacher_forcing_reproduces_its_greedy_decode() {
     let device = device();
-    let model = small_pointer_config().init(&device);
+    let model = fixed_weights(small_pointer_config().init(&device));
     let batch = Generator::uniform(10).sample_batch(&mut InstanceRng::new(11), 8);
     let problem = DeviceBatch::upload(&batch, None, &device);
     let out = model.decode(&problem, &DecodeOptions::greedy());
@@ -414,7 +414,7 @@ fn pointer_network_loss_ignores_padding_even_at_minus_infinity() {
 #[test]
 fn pointer_network_parameters_all_get_gradients_from_heuristic_labels() {
     let device = device().autodiff();
-    let model = small_pointer_config().init(&device);
+    let model = fixed_weights(small_pointer_config().init(&device));
     let instances = Generator::uniform(8).sample_many(&mut InstanceRng::new(5), 12, "g");
     let labels = label_instances(&instances, &HeuristicConfig::default(), &|_| {});
     let targets: Vec<Vec<i64>> = labels

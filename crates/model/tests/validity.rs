@@ -24,7 +24,7 @@ fn every_attention_model_decode_is_valid_and_costed_consistently() {
     .into_iter()
     .enumerate()
     {
-        let model = small_config(norm).init(&device);
+        let model = fixed_weights(small_config(norm).init(&device));
         // Spread n over the three normalisations: every n in 1..=50 is covered once.
         for n in (1..=50).filter(|n| n % 3 == k) {
             let count = if n <= 20 { 16 } else { 4 };
@@ -38,7 +38,7 @@ fn every_attention_model_decode_is_valid_and_costed_consistently() {
 fn every_pointer_network_decode_is_valid_and_costed_consistently() {
     let device = device();
     let mut rng = InstanceRng::new(2025);
-    let model = small_pointer_config().init(&device);
+    let model = fixed_weights(small_pointer_config().init(&device));
     let mut decoded = 0usize;
     // Every small n, then a spread up to 50: the pointer network's decode loop is the
     // shared one, so this guards its inputs and masks rather than the loop again.

@@ -3,6 +3,7 @@
 
 use burn::tensor::{Device, TensorData};
 use routeburn_data::{Batch, Generator, GeneratorConfig, Instance, InstanceRng};
+pub use routeburn_model::fixed_weights::fixed_weights;
 use routeburn_model::{
     AttentionModelConfig, Backend, GraphEncoderConfig, Normalization, PointerNetworkConfig,
 };

@@ -164,7 +164,8 @@ mod per_node_tests {
             .unwrap()
             .autodiff();
         let (b, n, d_in, d_out) = (6, 11, 8, 4);
-        let linear = LinearConfig::new(d_in, d_out).init(&device);
+        let linear =
+            crate::fixed_weights::fixed_weights(LinearConfig::new(d_in, d_out).init(&device));
         let x = Tensor::<3>::from_data(
             TensorData::new(values(b * n * d_in, 7), [b, n, d_in]),
             &device,

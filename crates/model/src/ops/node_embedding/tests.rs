@@ -2,6 +2,7 @@ use burn::nn::LinearConfig;
 use burn::tensor::TensorData;
 
 use super::*;
+use crate::fixed_weights::fixed_weights;
 use crate::ops::matmul::MatmulPrecision;
 use crate::runtime::backend::Backend;
 use crate::test_support::{pseudo_random, read};
@@ -31,8 +32,8 @@ fn cube_embedding_matches_the_linear_layers_with_gradients() {
     let _alone = crate::runtime::testing::one_cube_test_at_a_time();
     let device = Backend::Cpu.device().unwrap().autodiff();
     for (b, n, d) in [(3, 7, 16), (5, 101, 128)] {
-        let depot = LinearConfig::new(2, d).init(&device);
-        let customer = LinearConfig::new(3, d).init(&device);
+        let depot = fixed_weights(LinearConfig::new(2, d).init(&device));
+        let customer = fixed_weights(LinearConfig::new(3, d).init(&device));
         assert!(fused_on(&device, &depot, &customer));
         let data = |len: usize, seed: u64| TensorData::new(pseudo_random(len, seed, 1.0), [len]);
         let coords = Tensor::<1>::from_data(data(b * n * 2, 3), &device).reshape([b, n, 2]);
