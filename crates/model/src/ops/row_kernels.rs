@@ -1070,9 +1070,17 @@ fn kept_exp_sum_avx2(values: &mut [f32], max: f32, keep: &[f32]) -> f32 {
         let (v, kept) = (&mut values[8 * c..8 * (c + k)], &keep[8 * c..8 * (c + k)]);
         sums = with_group_size!(k, K => kept_exp_add::<K>(v, kept, max, sums));
     }
+    lane_sum(sums)
+}
+
+/// The sum of `sums`' eight lanes, in lane order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+fn lane_sum(sums: std::arch::x86_64::__m256) -> f32 {
     let mut lanes = [0.0f32; 8];
     // SAFETY: the store touches exactly `lanes`' eight floats.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sums) };
+    unsafe { std::arch::x86_64::_mm256_storeu_ps(lanes.as_mut_ptr(), sums) };
     lanes.iter().sum()
 }
 
@@ -1132,10 +1140,7 @@ fn kept_exp_sum_avx512(values: &mut [f32], max: f32, keep: &[f32]) -> f32 {
         let (v, kept) = (&mut values[last.clone()], &keep[last]);
         sums = kept_exp_add::<1>(v, kept, max, sums);
     }
-    let mut lanes = [0.0f32; 8];
-    // SAFETY: the store touches exactly `lanes`' eight floats.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sums) };
-    lanes.iter().sum()
+    lane_sum(sums)
 }
 
 /// `K` pairs of chunks of [`kept_exp_sum_avx512`] (`values` and `keep` hold `16·K`
