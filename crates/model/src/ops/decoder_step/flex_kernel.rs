@@ -79,6 +79,8 @@ impl Scale {
 
 /// The forward pass's inputs.
 pub(crate) struct Inputs<'a> {
+    /// `[B, S, d]`; empty where `compat` is given: the tables stand in for the queries,
+    /// in both passes.
     pub(crate) query: &'a [f32],
     pub(crate) glimpse_keys: &'a [f32],
     pub(crate) glimpse_values: &'a [f32],
@@ -89,6 +91,27 @@ pub(crate) struct Inputs<'a> {
     /// Where given, the compatibilities come from these tables instead of the queries'
     /// products with the keys ([`CompatTables`]).
     pub(crate) compat: Option<CompatTables<'a>>,
+}
+
+impl<'a> Inputs<'a> {
+    /// Rows `r..r + count`'s queries `[count, d]`; none where the compatibilities come
+    /// from tables.
+    fn query_rows(&self, r: usize, count: usize, d: usize) -> &'a [f32] {
+        match self.compat {
+            Some(_) => &[],
+            None => &self.query[r * d..(r + count) * d],
+        }
+    }
+
+    /// The width of a row's query gradient: d, or 0 where the compatibilities come from
+    /// tables (their gradient carries the queries' and the keys', which the backward
+    /// pass then neither writes nor returns).
+    fn query_grad_width(&self, dims: Dims) -> usize {
+        match self.compat {
+            Some(_) => 0,
+            None => dims.embed(),
+        }
+    }
 }
 
 /// Every compatibility a multi-start decode can meet, made once per decode.
@@ -173,8 +196,9 @@ pub(crate) struct Saved {
 
 /// Gradients of the four float inputs, in their layouts, and of the compatibility
 /// tables where the step reads them. With tables the queries and keys reach the
-/// compatibilities only through them: their gradients here are zeros, and the tables'
-/// (summed over a decode's steps) carry them, paid once a decode. Those added to sums
+/// compatibilities only through them: their gradients here are empty (nothing reads
+/// them; written as zeros, they were ~7 MB a CVRP100 step), and the tables' (summed over
+/// a decode's steps) carry them, paid once a decode. Those added to sums
 /// ([`backward_adding`]) are empty here.
 pub(crate) struct Grads {
     pub(crate) query: Vec<f32>,
@@ -449,15 +473,21 @@ fn forward_piece<M: MulAdd>(
             Some(start) => {
                 let r = at + start;
                 let rows_out = out.in_place(start..start + count, dims, outputs);
-                (&x.query[r * d..], &x.mask[r * n..], rows_out)
+                (x.query_rows(r, count, d), &x.mask[r * n..], rows_out)
             }
             None => {
-                gather_rows(x.query, d, at, rows, query);
+                let query = match x.compat {
+                    Some(_) => &[][..],
+                    None => {
+                        gather_rows(x.query, d, at, rows, query);
+                        &query[..count * d]
+                    }
+                };
                 gather_rows(x.mask, n, at, rows, mask);
-                (&query[..], &mask[..], outputs.front(count, dims))
+                (query, &mask[..], outputs.front(count, dims))
             }
         };
-        let compat = CompatIn::of(x, dims, (i, at, rows), &query[..count * d]);
+        let compat = CompatIn::of(x, dims, (i, at, rows), query);
         let x = (compat, &mask[..count * n], &instance);
         match count {
             8 => forward_rows::<M, 8>(dims, scale, x, rows_out, (lanes, open)),
@@ -787,12 +817,17 @@ fn backward_into(
     sums: StepSums,
 ) -> Grads {
     let (n, d, s) = (dims.nodes, dims.embed(), dims.starts);
-    // Without tables, each instance's chunk of them is one value nothing reads.
-    let tables = match from.x.compat {
-        Some(_) => table_len(dims),
-        None => 1,
+    // Without tables, each instance's chunk of them is one value nothing reads; with
+    // them, so is its chunk of the query and key gradients, which they carry instead.
+    let (tables, query_width) = match from.x.compat {
+        Some(_) => (table_len(dims), 0),
+        None => (1, d),
     };
-    let lens = [n * d, n * d, n * d, tables];
+    let (dq_len, dk_len) = match query_width {
+        0 => (1, 1),
+        _ => (s * d, n * d),
+    };
+    let lens = [dk_len, n * d, n * d, tables];
     let given = [
         sums.glimpse_keys,
         sums.glimpse_values,
@@ -807,7 +842,7 @@ fn backward_into(
     }
     // Each is written once: by the kernels, or as zeros for forced rows and for
     // instances with no other (`forced::backward_unit`).
-    let mut query = unwritten(dims.rows() * d);
+    let mut query = unwritten(dims.instances * dq_len);
     let mut fresh: [Vec<f32>; 4] = std::array::from_fn(|k| match adds[k] {
         true => Vec::new(),
         false => unwritten(dims.instances * lens[k]),
@@ -815,7 +850,7 @@ fn backward_into(
     let mut targets = (given.into_iter().zip(&mut fresh)).map(|(sum, f)| sum.unwrap_or(f));
     let [dk, dv, dl, dt] = std::array::from_fn(|_| targets.next().expect("four"));
     let per_instance = query
-        .par_chunks_mut(s * d)
+        .par_chunks_mut(dq_len)
         .zip(dk.par_chunks_mut(lens[0]))
         .zip(dv.par_chunks_mut(lens[1]))
         .zip(dl.par_chunks_mut(lens[2]))
@@ -834,9 +869,12 @@ fn backward_into(
             });
         },
     );
-    let [glimpse_keys, glimpse_values, logit_keys, mut compat_tables] = fresh;
+    let [mut glimpse_keys, glimpse_values, logit_keys, mut compat_tables] = fresh;
     if from.x.compat.is_none() {
         compat_tables.clear();
+    } else {
+        query.clear();
+        glimpse_keys.clear();
     }
     Grads {
         query,
@@ -880,11 +918,23 @@ impl OwnGrads {
         write(outs);
         for (sum, own) in sums.into_iter().zip(&self.0) {
             if let Some(sum) = sum {
-                for (s, &g) in sum.iter_mut().zip(own) {
-                    *s += g;
-                }
+                add_to_dispatch(sum, own);
             }
         }
+    }
+}
+
+simd_dispatch! {
+    /// [`add_to`] with the CPU's widest vectors.
+    fn add_to_dispatch => add_to(sum: &mut [f32], step: &[f32])
+}
+
+/// `sum += step`, value by value: the same bits in any vector width (compiled alone, it
+/// had the baseline's 4-lane SSE).
+#[inline(always)]
+fn add_to<M: MulAdd>(sum: &mut [f32], step: &[f32]) {
+    for (s, &g) in sum.iter_mut().zip(step) {
+        *s += g;
     }
 }
 
@@ -898,7 +948,8 @@ struct BackIn<'a> {
 }
 
 /// Instance `i`'s gradients `(query, keys, values, logit keys, compatibility table)`, each
-/// its own block (the table's one unread value where the step has none).
+/// its own block (the table's one unread value where the step has none; the query's and
+/// keys' where it has one).
 type InstanceGradsOut<'a> = (
     &'a mut [f32],
     &'a mut [f32],
@@ -971,7 +1022,10 @@ fn backward_instance<M: MulAdd>(
         values_t: &by_feature_block(x, dims, i)[2 * d * padded(n)..],
         keys: &x.glimpse_keys[tables.clone()],
         logit_keys: &x.logit_keys[tables],
-        query: instance_rows(x.query, d, (at, live), every, query),
+        query: match x.compat {
+            Some(_) => &[],
+            None => instance_rows(x.query, d, (at, live), every, query),
+        },
         glimpse: instance_rows(&saved.glimpse, d, (at, live), every, glimpse),
         attention,
         mask: (x.mask, at, live),
@@ -1006,6 +1060,11 @@ fn backward_instance<M: MulAdd>(
 /// the rows of nodes no row is at are left as they are: the step's gradient there is zero,
 /// and the sums never hold −0 (each is a first step's gradient, zero where nothing was
 /// added, plus others), so adding it would change no bit. `sums` is working memory.
+///
+/// Inlined into [`backward_instance`]'s forms, so that its loops are compiled with their
+/// vector units (alone, with the baseline's 4-lane SSE: ~4% of a POMO CVRP100 step). Each
+/// value is its own sum, so the width changes no bit.
+#[inline(always)]
 fn table_grads(
     dims: Dims,
     (compat, at, live): (&CompatTables, usize, &[usize]),
@@ -1047,6 +1106,7 @@ fn table_grads(
 }
 
 /// Adds each head's `[N]` row of `sums` (`[H, N]`) to its `[Np]` row of `out`.
+#[inline(always)]
 fn add_head_rows(out: &mut [f32], sums: &[f32], (n, np): (usize, usize)) {
     for (out, sum) in out.chunks_mut(np).zip(sums.chunks_exact(n)) {
         for (t, &s) in out.iter_mut().zip(sum) {
@@ -1067,8 +1127,10 @@ fn backward_blocks<M: MulAdd>(
     dq: &mut [f32],
     (scratch, block): (&mut BackScratch, &mut BackBlock),
 ) {
-    let (n, d, h) = (dims.nodes, dims.embed(), dims.heads);
+    let (n, h) = (dims.nodes, dims.heads);
     let (x, saved) = (from.x, from.saved);
+    // Rows' query gradients are `w` wide: none with tables.
+    let w = x.query_grad_width(dims);
     let mut k = 0;
     while k < live.len() {
         let count = rows_in_block::<M>(live.len() - k);
@@ -1086,11 +1148,11 @@ fn backward_blocks<M: MulAdd>(
                     tanh: &saved.tanh[r.start * n..r.end * n],
                     grad_out: &from.grad_out[r.start * n..r.end * n],
                 };
-                (rows_saved, &mut dq[start * d..(start + count) * d])
+                (rows_saved, &mut dq[start * w..(start + count) * w])
             }
             None => (
                 block.saved.gather(from, (at, rows), attention, n),
-                &mut block.d_query[..count * d],
+                &mut block.d_query[..count * w],
             ),
         };
         let block_rows = (j, &rows_saved, instance);
@@ -1102,7 +1164,7 @@ fn backward_blocks<M: MulAdd>(
             _ => backward_rows::<M, 1>(dims, scale, block_rows, query, scratch),
         }
         if in_place.is_none() {
-            scatter_rows(&block.d_query, d, rows, dq);
+            scatter_rows(&block.d_query, w, rows, dq);
         }
     }
 }
@@ -1163,10 +1225,7 @@ fn recompute_attention<M: MulAdd>(
         let (query, mask) = match consecutive(rows) {
             Some(start) => {
                 let r = at + start;
-                (
-                    &x.query[r * d..(r + count) * d],
-                    &x.mask[r * n..(r + count) * n],
-                )
+                (x.query_rows(r, count, d), &x.mask[r * n..(r + count) * n])
             }
             None => {
                 if x.compat.is_none() {
@@ -1364,8 +1423,8 @@ struct RowSaved<'a> {
 /// The first row's index within its instance, the rows' saved values, and their instance.
 type RowBack<'a> = (usize, &'a RowSaved<'a>, &'a InstanceBack<'a>);
 
-/// `R` consecutive rows: their query gradients, and their rows of the instance's logit and
-/// compatibility gradients. Each head's attention gradients are one product of the `R`
+/// `R` consecutive rows: their query gradients (none with tables: `d_query` is empty),
+/// and their rows of the instance's logit and compatibility gradients. Each head's attention gradients are one product of the `R`
 /// rows' glimpse gradients against the values (they share them); the rest goes row by row.
 #[inline(always)]
 fn backward_rows<M: MulAdd, const R: usize>(
@@ -1377,11 +1436,9 @@ fn backward_rows<M: MulAdd, const R: usize>(
 ) {
     let (n, h, dk, d) = (dims.nodes, dims.heads, dims.head_dim, dims.embed());
     let np = padded(n);
-    if instance.from_tables {
-        d_query[..R * d].fill(0.0);
-    }
-    for r in 0..R {
-        logit_grads_row::<M>(dims, scale, (first + r, r, x), scratch);
+    let totals = row_sums::<R>(x.grad_out, n);
+    for (r, &total) in totals.iter().enumerate() {
+        logit_grads_row::<M>(dims, scale, (first + r, r, x), total, scratch);
     }
     let BackScratch {
         lanes,
@@ -1452,13 +1509,29 @@ fn attention_weighted<const R: usize>(
     weighted
 }
 
+/// Each of `R` rows' sum over its `n` entries (`rows`: `[R, n]`), in entry order from −0
+/// as [`Iterator::sum`] takes it. One row's sum is a chain of n dependent additions (~400
+/// cycles at n = 101); the `R` chains advance together (the same sums, bit for bit).
+#[inline(always)]
+fn row_sums<const R: usize>(rows: &[f32], n: usize) -> [f32; R] {
+    let rows: [&[f32]; R] = std::array::from_fn(|r| &rows[r * n..][..n]);
+    let mut sums = [-0.0f32; R];
+    for k in 0..n {
+        for (sum, row) in sums.iter_mut().zip(&rows) {
+            *sum += row[k];
+        }
+    }
+    sums
+}
+
 /// One row's logit gradients, in its row of `d_logits`: `(row within the instance, row
-/// within the block, the block)`.
+/// within the block, the block)`, and `total`, the sum of its output gradients.
 #[inline(always)]
 fn logit_grads_row<M: MulAdd>(
     dims: Dims,
     scale: Scale,
     (row, r, x): (usize, usize, &RowSaved),
+    total: f32,
     scratch: &mut BackScratch,
 ) {
     let n = dims.nodes;
@@ -1470,7 +1543,6 @@ fn logit_grads_row<M: MulAdd>(
     M::exp_chunks_unfused(probs);
     // log_softmax: dz = g − p·Σg (the sum over every entry, as the composed form takes
     // it); masked entries get none. tanh clipping: dlogit = dz · C/T · (1 − tanh²).
-    let total: f32 = grad_out.iter().sum();
     let slope = scale.tanh_clipping / scale.temperature;
     let d_logits = &mut scratch.d_logits[row * n..][..n];
     for (node, d_logit) in d_logits.iter_mut().enumerate() {
@@ -1483,7 +1555,8 @@ fn logit_grads_row<M: MulAdd>(
     }
 }
 
-/// The instance's key, value and logit-key gradients: `[N, H, dk]`, `[N, H, dk]`, `[N, d]`.
+/// The instance's key, value and logit-key gradients: `[N, H, dk]`, `[N, H, dk]`, `[N, d]`
+/// (with tables, the keys' is one value nothing writes or reads).
 type InstanceGrads<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [f32]);
 
 /// Sums over the instance's rows, [`MulAdd::ROW_BLOCK`] nodes at a time (they share the
@@ -1553,9 +1626,6 @@ fn instance_grads_nodes<M: MulAdd, const R: usize>(
         let sums = (d, dk);
         rows.weighted_sums::<M, R>(attention, d_glimpse, sums, over_rows(h * n), values_out);
         if instance.from_tables {
-            for node in 0..R {
-                d_keys[out + node * d..][..dk].fill(0.0);
-            }
             continue;
         }
         let query = &instance.query[head * dk..];
@@ -1754,6 +1824,28 @@ mod tests {
             .collect()
     }
 
+    /// The rows' sums taken side by side are `Iterator::sum`'s, bit for bit: rows of
+    /// mixed magnitudes (where the order of the additions shows), of zeros of both signs,
+    /// and empty.
+    #[test]
+    fn row_sums_are_iterator_sums() {
+        let mixed = pseudo_random(4 * 37, 5, 1.0);
+        let mixed: Vec<f32> = (mixed.iter().enumerate())
+            .map(|(k, v)| v * [1.0, 1e7, 1e-7][k % 3])
+            .collect();
+        let zeros = [-0.0, -0.0, 0.0, -0.0, -0.0, -0.0, -0.0, -0.0];
+        for (rows, n) in [(&mixed[..], 37), (&zeros[..], 2), (&[][..], 0)] {
+            let want: Vec<f32> = (0..4)
+                .map(|r| rows[r * n..(r + 1) * n].iter().sum())
+                .collect();
+            assert!(same(&row_sums::<4>(rows, n), &want), "n = {n}");
+        }
+        // Every order of addition of these differs in the last bits.
+        let sequential: f32 = mixed[..37].iter().sum();
+        let pairwise: f32 = (mixed[..37].chunks(2)).map(|p| p.iter().sum::<f32>()).sum();
+        assert_ne!(sequential.to_bits(), pairwise.to_bits());
+    }
+
     /// Whether two lists hold the same floats, bit for bit.
     pub(super) fn same(a: &[f32], b: &[f32]) -> bool {
         a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
@@ -1922,6 +2014,10 @@ mod tests {
             if x.compat.is_some() {
                 assert!(same(&sums[1], &expect(&before[1], &fresh.compat_tables)));
                 assert!(added.compat_tables.is_empty());
+                // The tables carry the queries' and keys' gradients.
+                for g in [&fresh.query, &fresh.glimpse_keys, &added.query] {
+                    assert!(g.is_empty(), "{dims:?}");
+                }
             } else {
                 assert!(same(&sums[1], &before[1]));
             }

@@ -85,14 +85,14 @@ pub(super) fn backward_unit(
     (dq, dk, dv, dl, dt): InstanceGradsOut,
     (kernel, buffers): (BackwardInstance, &mut BackBuffers),
 ) {
-    let (n, s, d) = (dims.nodes, dims.starts, dims.embed());
+    let (n, s, w) = (dims.nodes, dims.starts, from.x.query_grad_width(dims));
     let at = i * s;
     let forced = forced_choices(&from.x.mask[at * n..(at + s) * n], n);
     let grads = from.grad_out[at * n..(at + s) * n].chunks_exact(n);
     let mut live = Vec::with_capacity(s);
-    for (r, ((row, choice), grad)) in dq.chunks_exact_mut(d).zip(&forced).zip(grads).enumerate() {
+    for (r, (choice, grad)) in forced.iter().zip(grads).enumerate() {
         if choice.is_some() || without_gradient(grad) {
-            row.fill(0.0);
+            dq[r * w..(r + 1) * w].fill(0.0);
         } else {
             live.push(r);
         }
@@ -254,6 +254,10 @@ mod tests {
         }
         if x.compat.is_none() {
             grads.compat_tables.clear();
+        } else {
+            // The tables carry the queries' and keys' gradients: none is written.
+            grads.query.clear();
+            grads.glimpse_keys.clear();
         }
         (log_probs, grads)
     }
