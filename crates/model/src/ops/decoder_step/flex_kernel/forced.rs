@@ -46,7 +46,9 @@ fn live_rows(forced: &[Option<usize>]) -> Vec<usize> {
 /// Whether a row's output gradient is zero at every node: a tour the loss does not learn
 /// from (its advantage zero). Like a forced row's, its logit gradients are `0 − p · 0`.
 fn without_gradient(grad: &[f32]) -> bool {
-    grad.iter().all(|&g| g == 0.0)
+    // Sixteen at a time without a branch each, which vectorises: a row's gradient is
+    // usually at one node, and `all` stopped there only after a branch per node before it.
+    (grad.chunks(16)).all(|chunk| chunk.iter().fold(true, |zero, &g| zero & (g == 0.0)))
 }
 
 /// Rows `first..` of instance `i` (as many as `out` holds) through `kernel`, its forced
@@ -176,6 +178,11 @@ mod tests {
     fn a_row_without_gradient_is_left_out_of_the_backward() {
         assert!(without_gradient(&[0.0, 0.0, 0.0]));
         assert!(!without_gradient(&[0.0, -1e-30, 0.0]));
+        // Past the first sixteen, and zeros of both signs.
+        let mut long = [-0.0f32; 37];
+        assert!(without_gradient(&long));
+        long[36] = 2.0;
+        assert!(!without_gradient(&long));
         let data = with_rows_without_gradient(4, 7, 11);
         let rows = (0..28).filter(|&r| {
             let m = &data.mask[r * 11..][..11];
