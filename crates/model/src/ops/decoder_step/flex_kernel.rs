@@ -819,13 +819,13 @@ fn backward_into(
     let (n, d, s) = (dims.nodes, dims.embed(), dims.starts);
     // Without tables, each instance's chunk of them is one value nothing reads; with
     // them, so is its chunk of the query and key gradients, which they carry instead.
-    let (tables, query_width) = match from.x.compat {
-        Some(_) => (table_len(dims), 0),
-        None => (1, d),
+    let tables = match from.x.compat {
+        Some(_) => table_len(dims),
+        None => 1,
     };
-    let (dq_len, dk_len) = match query_width {
+    let (dq_len, dk_len) = match from.x.query_grad_width(dims) {
         0 => (1, 1),
-        _ => (s * d, n * d),
+        width => (s * width, n * d),
     };
     let lens = [dk_len, n * d, n * d, tables];
     let given = [
