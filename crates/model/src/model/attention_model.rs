@@ -26,8 +26,9 @@ use crate::model::problem::{max_decode_steps, DeviceBatch};
 use crate::model::state::{CvrpState, LoadArithmetic};
 use crate::ops::decoder_step::fused_on;
 use crate::ops::decoder_step::{
-    compat_tables, fused_decode, fused_step, fused_step_from_context,
-    fused_step_on_flex_from_context, keys_by_feature, op_by_op, DecodeSpan, SeenSteps,
+    compat_tables, decode_on_flex, fused_decode, fused_step, fused_step_from_context,
+    fused_step_on_flex_from_context, keys_by_feature, op_by_op, DecodeSpan, FlexDecodePlan,
+    SeenSteps,
 };
 use crate::ops::linear::matmul_rows;
 use crate::ops::linear::per_node;
@@ -389,6 +390,11 @@ impl AttentionModel {
         match route {
             DecodeRoute::SampleThenScore => self.sample_then_score(problem, options, &pre),
             DecodeRoute::OneLaunch => self.decode_in_one_launch(problem, options, &pre, false).0,
+            // Flex's steps from compatibility tables (a multi-start decode): all of them
+            // in one operation, instance by instance.
+            _ if pre.compat_tables.is_some() && tours.is_none() => {
+                self.decode_on_flex(problem, options, &pre)
+            }
             _ => rollout(problem, options, self.load_arithmetic, tours, |state| {
                 self.step_log_probs(&pre, state, options.temperature())
             }),
@@ -511,6 +517,46 @@ impl AttentionModel {
             rows_per_instance: pre.starts,
         };
         (output, decoded.seen)
+    }
+
+    /// A multi-start decode from compatibility tables on flex (`pre` has them), with or
+    /// without gradients, as one operation ([`decode_on_flex`]): the step-by-step decode's
+    /// tours and log-likelihoods, bit for bit.
+    fn decode_on_flex(
+        &self,
+        problem: &DeviceBatch,
+        options: &DecodeOptions,
+        pre: &Precomputed,
+    ) -> DecodeOutput {
+        let n = problem.num_nodes() - 1;
+        let loads = Loads::new(
+            repeat_rows(problem.demands.clone(), pre.starts),
+            repeat_rows(problem.capacity.clone(), pre.starts),
+            self.load_arithmetic,
+        );
+        let plan = FlexDecodePlan {
+            max_steps: max_decode_steps(n),
+            checks: (problem.min_steps.max(1), options.check_every.max(1)),
+            log_likelihood: options.log_likelihood,
+            tanh_clipping: self.tanh_clipping,
+            temperature: options.temperature(),
+        };
+        let keys = (
+            pre.glimpse_keys.clone(),
+            pre.glimpse_values.clone(),
+            pre.logit_keys.clone(),
+        );
+        let tables = (
+            pre.by_feature.clone().expect("a fused route"),
+            pre.compat_tables.clone().expect("compatibility tables"),
+        );
+        let noise = sampling_noise(problem, options);
+        let (actions, log_likelihood) = decode_on_flex(keys, tables, loads, noise, plan);
+        DecodeOutput {
+            actions,
+            log_likelihood,
+            rows_per_instance: pre.starts,
+        }
     }
 
     /// The log-likelihood of decoded tours from what the decode met at each step: one fused
@@ -1243,6 +1289,75 @@ mod tests {
                     assert!(full[t4..].iter().all(|&a| a == 0));
                     let (a, b) = (all_ll[row], four_ll[ours]);
                     assert_eq!(a.to_bits(), b.to_bits(), "{kernel:?} row {row}: {a} vs {b}");
+                }
+            }
+        }
+    }
+
+    /// The multi-start decode on flex as one operation, instance by instance, against the
+    /// step-by-step decode: the same tours and log-likelihoods and, with autodiff, the same
+    /// gradients of every parameter, bit for bit. Greedy and sampled, every start and
+    /// fewer, both load arithmetics; several instances, and one (whose rows the decode
+    /// without gradients splits across threads). The loss weighs the rows unevenly, some
+    /// by zero, as `reinforce.learn_from` does.
+    #[test]
+    fn decode_on_flex_matches_step_by_step() {
+        use burn::module::Module;
+        use routeburn_data::{Generator, InstanceRng};
+        let Some(flex) = device_of(Backend::Flex) else {
+            return;
+        };
+        let cases = [
+            (flex.clone().autodiff(), 9, 5),
+            (flex.clone(), 13, 1),
+            (flex.clone().autodiff(), 20, 3),
+        ];
+        let options = [
+            DecodeOptions::greedy(),
+            DecodeOptions::sample(1.0),
+            DecodeOptions::sample(0.7).with_starts(Some(4)),
+            DecodeOptions::greedy().with_check_every(1),
+        ];
+        for (device, n, instances) in cases {
+            let batch = Generator::uniform(n).sample_batch(&mut InstanceRng::new(5), instances);
+            for arithmetic in [LoadArithmetic::Exact, LoadArithmetic::Float32] {
+                let mut model = small_model(&device);
+                model.load_arithmetic = arithmetic;
+                for options in options.map(|o| o.with_multi_start(true)) {
+                    let case = format!("n = {n}, {arithmetic:?}, {options:?}");
+                    let shape = crate::model::problem::NoiseShape {
+                        rows_per_instance: options.rows_per_instance(n),
+                    };
+                    let upload = || {
+                        let mut rng = InstanceRng::new(17);
+                        DeviceBatch::upload(&batch, Some((shape, &mut rng)), &device)
+                    };
+                    let pre = model.precompute(model.encode(&upload()), shape.rows_per_instance);
+                    assert!(pre.compat_tables.is_some(), "{case}: the decode on flex");
+                    let reference = step_by_step(&model, &upload(), &options);
+                    let ours = model.decode(&upload(), &options);
+                    let ints = |o: &DecodeOutput| read_ints(o.actions.clone());
+                    assert_eq!(ints(&ours), ints(&reference), "{case}");
+                    let bits = |t: Tensor<1>| read(t).iter().map(|x| x.to_bits()).collect();
+                    let bits: [Vec<u32>; 2] =
+                        [&ours, &reference].map(|o| bits(o.log_likelihood.clone()));
+                    assert_eq!(bits[0], bits[1], "{case}");
+                    if !device.is_autodiff() {
+                        continue;
+                    }
+                    let grads = |ll: Tensor<1>| {
+                        let rows = ll.dims()[0];
+                        let weights: Vec<f32> =
+                            (0..rows).map(|r| [0.0, 1.3, -0.7][r % 3]).collect();
+                        let weights = Tensor::<1>::from_floats(weights.as_slice(), &device);
+                        let grads = (ll * weights).sum().backward();
+                        let mut all = Vec::new();
+                        model.visit(&mut crate::test_support::GradsOf::new(&grads, &mut all));
+                        all.concat().iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                    };
+                    let reference = grads(reference.log_likelihood);
+                    assert!(reference.iter().any(|&g| g != 0), "{case}: no gradient");
+                    assert!(grads(ours.log_likelihood) == reference, "{case}: gradients");
                 }
             }
         }

@@ -16,7 +16,7 @@ static STEPS_TAKEN: AtomicUsize = AtomicUsize::new(0);
 
 /// [`STEPS_TAKEN`] now: read it before and during a decode.
 pub fn decode_steps_taken() -> usize {
-    STEPS_TAKEN.load(Ordering::Relaxed)
+    STEPS_TAKEN.load(Ordering::Relaxed) + crate::ops::decoder_step::decode_on_flex_steps()
 }
 
 /// How the next node is chosen at each step.

@@ -7,8 +7,9 @@ use burn::backend::Flex;
 use burn_flex::FlexTensor;
 
 use super::flex_context::{self, ContextDims, ContextIn};
+use super::flex_decode;
 use super::flex_kernel::{self, CompatTables, Dims, Inputs, Saved, Scale};
-use super::{ContextStepBackend, DecoderStepBackend};
+use super::{ContextStepBackend, DecodeOnFlexBackend, DecoderStepBackend};
 use crate::ops::row_kernels::{floats, node_indices, tensor};
 
 /// The step's inputs as contiguous flex tensors, kept for the backward pass.
@@ -480,6 +481,205 @@ impl<C: CheckpointStrategy> ContextStepBackend for Autodiff<Flex, C> {
                 prep.finish((step, rows, log_probs.clone(), saved, shared), log_probs)
             }
             OpsKind::UnTracked(prep) => prep.finish(step.log_probs()),
+        }
+    }
+}
+
+/// A decode's inputs as contiguous flex tensors, kept for the backward pass.
+#[derive(Debug)]
+struct DecodeTensors {
+    /// Glimpse keys, values, logit keys, by feature, compatibility tables.
+    tables: [FlexTensor; 5],
+    /// Demands `[R, N]`, capacity `[R, 1]`, noise `[R, T']`.
+    loads: [FlexTensor; 3],
+    tolerance: f32,
+    sample: bool,
+    plan: flex_decode::Plan,
+}
+
+/// [`DecodeOnFlexBackend::decode_on_flex`]'s arguments past the tensors.
+type DecodeScalars = ((f32, bool), (usize, usize, usize), bool, (f32, f32));
+
+impl DecodeTensors {
+    fn new(tables: [FlexTensor; 5], loads: [FlexTensor; 3], scalars: DecodeScalars) -> Self {
+        let ((tolerance, sample), (max_steps, from, every), log_likelihood, scale) = scalars;
+        Self {
+            tables: tables.map(|t| t.to_contiguous()),
+            loads: loads.map(|t| t.to_contiguous()),
+            tolerance,
+            sample,
+            plan: flex_decode::Plan {
+                scale: Scale::new(scale.0, scale.1),
+                max_steps,
+                checks: (from, every),
+                log_likelihood,
+            },
+        }
+    }
+
+    fn batch(&self) -> flex_decode::Batch<'_> {
+        let [keys, values, logit_keys, by_feature, tables] = &self.tables;
+        let [demands, capacity, noise] = &self.loads;
+        let shape = keys.layout().shape();
+        let (b, n, heads, head_dim) = (shape[0], shape[1], shape[2], shape[3]);
+        let rows = capacity.layout().shape()[0];
+        flex_decode::Batch {
+            dims: Dims {
+                instances: b,
+                starts: rows / b.max(1),
+                nodes: n,
+                heads,
+                head_dim,
+            },
+            glimpse_keys: floats(keys),
+            glimpse_values: floats(values),
+            logit_keys: floats(logit_keys),
+            by_feature: floats(by_feature),
+            tables: floats(tables),
+            demands: floats(demands),
+            capacity: floats(capacity),
+            tolerance: self.tolerance,
+            noise: self
+                .sample
+                .then(|| (floats(noise), noise.layout().shape()[1])),
+        }
+    }
+
+    /// The decode, keeping what its backward pass needs where `keep`; its actions and
+    /// log-likelihoods as tensors.
+    fn decode(&self, keep: bool) -> (flex_decode::DecodeRun, FlexTensor, FlexTensor) {
+        let run = flex_decode::decode(&self.batch(), &self.plan, keep);
+        let rows = self.loads[1].layout().shape()[0];
+        let (actions, log_likelihood) = run.outputs(rows);
+        let actions = FlexTensor::new(
+            burn::backend::Bytes::from_elems(actions),
+            burn_flex::Layout::contiguous([rows, run.length].into()),
+            burn::backend::DType::I64,
+        );
+        (run, actions, tensor(log_likelihood, [rows]))
+    }
+}
+
+impl DecodeOnFlexBackend for Flex {
+    fn decode_on_flex(
+        glimpse_keys: FloatTensor<Self>,
+        glimpse_values: FloatTensor<Self>,
+        logit_keys: FloatTensor<Self>,
+        by_feature: FloatTensor<Self>,
+        compat_tables: FloatTensor<Self>,
+        demands: FloatTensor<Self>,
+        capacity: FloatTensor<Self>,
+        noise: FloatTensor<Self>,
+        loads: (f32, bool),
+        steps: (usize, usize, usize),
+        log_likelihood: bool,
+        scale: (f32, f32),
+    ) -> (IntTensor<Self>, FloatTensor<Self>) {
+        let tables = [
+            glimpse_keys,
+            glimpse_values,
+            logit_keys,
+            by_feature,
+            compat_tables,
+        ];
+        let scalars = (loads, steps, log_likelihood, scale);
+        let decode = DecodeTensors::new(tables, [demands, capacity, noise], scalars);
+        let (_, actions, log_likelihood) = decode.decode(false);
+        (actions, log_likelihood)
+    }
+}
+
+/// A decode with gradients' inputs and runs, for its backward pass.
+struct TrackedDecode {
+    tensors: DecodeTensors,
+    run: flex_decode::DecodeRun,
+}
+
+impl std::fmt::Debug for TrackedDecode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (f.debug_struct("TrackedDecode"))
+            .field("tensors", &self.tensors)
+            .field("length", &self.run.length)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+struct DecodeBackward;
+
+impl Backward<Flex, 3> for DecodeBackward {
+    /// The decode's inputs and what its steps kept (shared: the state is cloned where
+    /// autodiff needs a copy, and is ~1 GB at CVRP100).
+    type State = std::sync::Arc<TrackedDecode>;
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let decode = ops.state;
+        let grad = grads.consume::<Flex>(&ops.node).to_contiguous();
+        let batch = decode.tensors.batch();
+        let grads_of = decode
+            .run
+            .backward(&batch, decode.tensors.plan.scale, floats(&grad));
+        let [_, values, logit_keys, _, tables] = &decode.tensors.tables;
+        let shapes = [values, logit_keys, tables].map(|t| t.layout().shape().clone());
+        for ((parent, g), shape) in ops.parents.into_iter().zip(grads_of).zip(shapes) {
+            if let Some(node) = parent {
+                grads.register::<Flex>(node.id, tensor(g, shape));
+            }
+        }
+    }
+}
+
+impl<C: CheckpointStrategy> DecodeOnFlexBackend for Autodiff<Flex, C> {
+    fn decode_on_flex(
+        glimpse_keys: FloatTensor<Self>,
+        glimpse_values: FloatTensor<Self>,
+        logit_keys: FloatTensor<Self>,
+        by_feature: FloatTensor<Self>,
+        compat_tables: FloatTensor<Self>,
+        demands: FloatTensor<Self>,
+        capacity: FloatTensor<Self>,
+        noise: FloatTensor<Self>,
+        loads: (f32, bool),
+        steps: (usize, usize, usize),
+        log_likelihood: bool,
+        scale: (f32, f32),
+    ) -> (IntTensor<Self>, FloatTensor<Self>) {
+        // The keys reach the decode only through the tables; `by_feature` is a detached
+        // copy, and the loads and noise come from the state: no gradients of their own.
+        let nodes = [
+            glimpse_values.node(),
+            logit_keys.node(),
+            compat_tables.node(),
+        ];
+        let tables = [
+            glimpse_keys.into_primitive(),
+            glimpse_values.into_primitive(),
+            logit_keys.into_primitive(),
+            by_feature.into_primitive(),
+            compat_tables.into_primitive(),
+        ];
+        let loads_in = [demands, capacity, noise].map(|t| t.into_primitive());
+        let scalars = (loads, steps, log_likelihood, scale);
+        let tensors = DecodeTensors::new(tables, loads_in, scalars);
+        match DecodeBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (run, actions, log_likelihood) = tensors.decode(true);
+                let state = std::sync::Arc::new(TrackedDecode { tensors, run });
+                (actions, prep.finish(state, log_likelihood))
+            }
+            OpsKind::UnTracked(prep) => {
+                let (_, actions, log_likelihood) = tensors.decode(false);
+                (actions, prep.finish(log_likelihood))
+            }
         }
     }
 }

@@ -255,6 +255,35 @@ pub(crate) fn log_probs(dims: Dims, scale: Scale, x: &Inputs) -> Vec<f32> {
     forward_with(dims, scale, x, pieces, forward_piece_dispatch).0
 }
 
+/// Log-probabilities `[S, N]` of one instance's rows (`dims.instances` = 1), on this thread,
+/// and with `keep` what the backward pass needs (`keep` says whether the attention weights
+/// are among it): one unit of [`forward`]'s, for a decode that runs each instance's steps
+/// one after another ([`super::flex_decode`]). The same numbers as [`forward`]'s rows.
+pub(super) fn forward_alone(
+    dims: Dims,
+    scale: Scale,
+    x: &Inputs,
+    keep: Option<bool>,
+) -> (Vec<f32>, Option<Saved>) {
+    debug_assert_eq!(dims.instances, 1);
+    let (n, h, d, rows) = (dims.nodes, dims.heads, dims.embed(), dims.rows());
+    let mut log_probs = unwritten(rows * n);
+    let mut saved = keep.map(|keep_attention| Saved {
+        attention: keep_attention.then(|| unwritten(rows * h * n)),
+        glimpse: unwritten(rows * d),
+        tanh: unwritten(rows * n),
+    });
+    let out = PieceOut {
+        log_probs: &mut log_probs,
+        kept: saved.as_mut().map(|k| {
+            let attention = k.attention.as_deref_mut();
+            (&mut k.glimpse[..], &mut k.tanh[..], attention)
+        }),
+    };
+    forced::forward_unit(dims, scale, (x, 0, 0), out, forward_piece_dispatch);
+    (log_probs, saved)
+}
+
 /// How the forward pass splits its rows: pieces of at most `rows` rows of one instance,
 /// whether it keeps what the backward pass needs, and whether the attention weights are
 /// among it. Rows are independent in the forward pass, so the split changes no number; an
@@ -292,7 +321,7 @@ const KEPT_ATTENTION_BYTES: usize = 512 << 20;
 /// peak); recomputed, they cost one of the forward pass's three products (with
 /// [`CompatTables`], a lookup) and its softmaxes again, ~8% of a step where keeping them
 /// is cheap (n = 20).
-fn keeps_attention(dims: Dims) -> bool {
+pub(super) fn keeps_attention(dims: Dims) -> bool {
     let per_step = dims.rows() * dims.heads * dims.nodes;
     per_step.saturating_mul(dims.nodes).saturating_mul(4) <= KEPT_ATTENTION_BYTES
 }
@@ -796,6 +825,50 @@ pub(crate) fn backward_adding(
         grad_out,
     };
     backward_into(dims, scale, &from, backward_instance_dispatch, sums)
+}
+
+/// One thread's working memory for [`backward_instance_step`].
+#[derive(Default)]
+pub(super) struct InstanceWork {
+    buffers: BackBuffers,
+    own: OwnGrads,
+}
+
+/// One step of one instance (`dims.instances` = 1, with compatibility tables) in a decode's
+/// backward pass that runs each instance's steps one after another, last first
+/// ([`super::flex_decode`]): its gradients of the glimpse values, logit keys and table
+/// written to `[dv, dl, dt]` (the instance's blocks), or with `adding` added to them, as
+/// [`backward_adding`] writes and adds a step's (the same bits).
+pub(super) fn backward_instance_step(
+    dims: Dims,
+    scale: Scale,
+    (x, log_probs, saved, grad_out): (&Inputs, &[f32], &Saved, &[f32]),
+    [dv, dl, dt]: [&mut [f32]; 3],
+    adding: bool,
+    work: &mut InstanceWork,
+) {
+    debug_assert!(dims.instances == 1 && x.compat.is_some());
+    let from = BackIn {
+        x,
+        log_probs,
+        saved,
+        grad_out,
+    };
+    let nd = dims.nodes * dims.embed();
+    // The query's and keys' gradients: one unread value each, as [`backward_into`]'s.
+    let (mut dq, mut dk) = ([0.0f32; 1], [0.0f32; 1]);
+    let lens = [1, nd, nd, table_len(dims)];
+    let InstanceWork { buffers, own } = work;
+    let targets = [&mut dk[..], dv, dl, dt];
+    own.run(
+        lens,
+        (targets, [false, adding, adding, false]),
+        |[dk, dv, dl, dt]| {
+            let dt = TableGrad { out: dt, adding };
+            let kernel = (backward_instance_dispatch as BackwardInstance, buffers);
+            forced::backward_unit(dims, scale, (&from, 0), (&mut dq, dk, dv, dl, dt), kernel);
+        },
+    );
 }
 
 /// [`backward`] with each instance in `instance_kernel` (the tests pick each form).

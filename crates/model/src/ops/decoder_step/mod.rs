@@ -22,6 +22,8 @@ mod cube_kernel;
 #[cfg(feature = "flex")]
 mod flex_context;
 #[cfg(feature = "flex")]
+mod flex_decode;
+#[cfg(feature = "flex")]
 mod flex_kernel;
 mod reference;
 #[cfg(test)]
@@ -348,6 +350,92 @@ pub(crate) fn fused_decode(
     }
 }
 
+/// How a multi-start decode on flex runs ([`decode_on_flex`]): at most `max_steps` steps,
+/// with "all finished?" checks at steps `from, from + every, …` (`checks`), as the
+/// step-by-step decode's loop stops; whether it sums the log-likelihood; its scale.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(
+    not(feature = "flex"),
+    allow(dead_code, reason = "read only where flex is compiled in")
+)]
+pub(crate) struct FlexDecodePlan {
+    pub max_steps: usize,
+    pub checks: (usize, usize),
+    pub log_likelihood: bool,
+    pub tanh_clipping: f64,
+    pub temperature: f64,
+}
+
+/// A multi-start decode from compatibility tables on flex as one operation, instance by
+/// instance, with or without gradients: the tours (`[R, T]`, POMO's forced first customer
+/// first) and log-likelihoods (`[R]`) of the step-by-step decode with
+/// [`fused_step_on_flex_from_context`]'s steps, bit for bit (`flex_decode`). Gradients
+/// reach the glimpse values, logit keys and compatibility tables, as the steps' do.
+///
+/// # Shapes
+/// - `glimpse_keys`, `glimpse_values`: `[B, N, H, dk]`, `logit_keys`: `[B, N, d]`,
+///   `by_feature`: as [`fused_step`]'s, `compat_tables`: [`compat_tables`] of them
+/// - `loads`: `[R, N]` and `[R, 1]`, R = B × S; `noise`: `[R, T']` for a sampled decode
+/// - output: `[R, T]` actions in the device's int type, `[R]` log-likelihoods
+pub(crate) fn decode_on_flex(
+    (glimpse_keys, glimpse_values, logit_keys): (Tensor<4>, Tensor<4>, Tensor<3>),
+    (by_feature, compat_tables): (Tensor<3>, Tensor<3>),
+    loads: crate::ops::state_step::Loads,
+    noise: Option<Tensor<2>>,
+    plan: FlexDecodePlan,
+) -> (Tensor<2, burn::tensor::Int>, Tensor<1>) {
+    #[cfg(feature = "flex")]
+    {
+        use burn::backend::Dispatch;
+        let device = loads.demands.device();
+        let ints = device.settings().int_dtype;
+        let sample = noise.is_some();
+        // Greedy reads no noise: any float tensor stands in.
+        let noise = noise.unwrap_or_else(|| loads.capacity.clone());
+        let (actions, log_likelihood) = <Dispatch as DecodeOnFlexBackend>::decode_on_flex(
+            glimpse_keys.into_dispatch(),
+            glimpse_values.into_dispatch(),
+            logit_keys.into_dispatch(),
+            by_feature.into_dispatch(),
+            compat_tables.into_dispatch(),
+            loads.demands.into_dispatch(),
+            loads.capacity.into_dispatch(),
+            noise.without_autodiff().into_dispatch(),
+            (loads.tolerance, sample),
+            (plan.max_steps, plan.checks.0, plan.checks.1),
+            plan.log_likelihood,
+            (plan.tanh_clipping as f32, plan.temperature as f32),
+        );
+        let actions: Tensor<2, burn::tensor::Int> = Tensor::from_dispatch(actions);
+        let actions = match ints {
+            burn::tensor::IntDType::I64 => actions,
+            other => actions.cast(other),
+        };
+        (actions, Tensor::from_dispatch(log_likelihood))
+    }
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = (
+            glimpse_keys,
+            glimpse_values,
+            logit_keys,
+            by_feature,
+            compat_tables,
+        );
+        let _ = (loads, noise, plan);
+        unreachable!("flex is not compiled in; check the route first")
+    }
+}
+
+/// Decode steps taken by [`decode_on_flex`]'s decodes (each decode's first unit's), for a
+/// progress display.
+pub(crate) fn decode_on_flex_steps() -> usize {
+    #[cfg(feature = "flex")]
+    return flex_decode::steps_taken();
+    #[cfg(not(feature = "flex"))]
+    0
+}
+
 #[cfg(any(feature = "flex", feature = "cube"))]
 pub use extension::DecoderStepBackend;
 
@@ -414,6 +502,37 @@ mod context_extension {
             tanh_clipping: f32,
             temperature: f32,
         ) -> FloatTensor<Self>;
+    }
+}
+
+#[cfg(feature = "flex")]
+pub use decode_extension::DecodeOnFlexBackend;
+
+#[cfg(feature = "flex")]
+mod decode_extension {
+    use burn::backend::backend_extension;
+    use burn::backend::tensor::{FloatTensor, IntTensor};
+
+    /// A multi-start decode from compatibility tables on flex, with a backward.
+    #[backend_extension(Autodiff: cfg(feature = "autodiff"), Flex: cfg(feature = "flex"))]
+    pub trait DecodeOnFlexBackend: burn::backend::Backend {
+        /// See [`super::decode_on_flex`]: `(tolerance, sample)`, `(max_steps, checks from,
+        /// checks every)`, `(tanh_clipping, temperature)`; the actions as i64.
+        #[allow(clippy::too_many_arguments)]
+        fn decode_on_flex(
+            glimpse_keys: FloatTensor<Self>,
+            glimpse_values: FloatTensor<Self>,
+            logit_keys: FloatTensor<Self>,
+            by_feature: FloatTensor<Self>,
+            compat_tables: FloatTensor<Self>,
+            demands: FloatTensor<Self>,
+            capacity: FloatTensor<Self>,
+            noise: FloatTensor<Self>,
+            loads: (f32, bool),
+            steps: (usize, usize, usize),
+            log_likelihood: bool,
+            scale: (f32, f32),
+        ) -> (IntTensor<Self>, FloatTensor<Self>);
     }
 }
 

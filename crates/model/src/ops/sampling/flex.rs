@@ -59,19 +59,24 @@ fn inverse_cdf_rows(
     }
 }
 
+/// Each row's pick (`[rows]`) from its log-probabilities `log_p` (`[rows, N]`) and its
+/// uniform: what [`SamplingBackend::inverse_cdf`] gives, on slices (a whole decode on
+/// flex samples with it too).
+pub(crate) fn inverse_cdf_picks(log_p: &[f32], uniforms: &[f32], n: usize, picks: &mut [i64]) {
+    let (mut cdf, mut open) = (vec![0.0f32; ROW_BLOCK * n], vec![0usize; n]);
+    let blocks = log_p.chunks(ROW_BLOCK * n).zip(uniforms.chunks(ROW_BLOCK));
+    for ((log_p, uniforms), picks) in blocks.zip(picks.chunks_mut(ROW_BLOCK)) {
+        inverse_cdf_rows((log_p, uniforms), (&mut cdf, &mut open), picks);
+    }
+}
+
 impl SamplingBackend for Flex {
     fn inverse_cdf(log_p: FloatTensor<Self>, uniform: FloatTensor<Self>) -> IntTensor<Self> {
         let n = log_p.layout().shape()[1];
         let [log_p, uniform] = [log_p, uniform].map(|t| t.to_contiguous());
-        let (mut cdf, mut open) = (vec![0.0f32; ROW_BLOCK * n], vec![0usize; n]);
         let uniforms = floats(&uniform);
         let mut picks = vec![0i64; uniforms.len()];
-        let blocks = floats(&log_p)
-            .chunks(ROW_BLOCK * n)
-            .zip(uniforms.chunks(ROW_BLOCK));
-        for ((log_p, uniforms), picks) in blocks.zip(picks.chunks_mut(ROW_BLOCK)) {
-            inverse_cdf_rows((log_p, uniforms), (&mut cdf, &mut open), picks);
-        }
+        inverse_cdf_picks(floats(&log_p), uniforms, n, &mut picks);
         let layout = Layout::contiguous([picks.len(), 1].into());
         FlexTensor::new(Bytes::from_elems(picks), layout, DType::I64)
     }

@@ -81,5 +81,7 @@ mod extension {
 
 #[cfg(feature = "flex")]
 mod flex;
+#[cfg(feature = "flex")]
+pub(crate) use flex::inverse_cdf_picks;
 #[cfg(test)]
 mod tests;
