@@ -23,6 +23,8 @@ GROUPS = [
     ("sampling (`sample_inverse_cdf`, `ops::sampling`)", ["sample_inverse_cdf", "ops::sampling::"]),
     ("checkpoints and metrics", ["run::checkpoint", "run::metrics"]),
     ("`CvrpState::step` and the rest of the state", ["CvrpState::"]),
+    ("the whole decode's own state, mask and choice (`flex_decode`)",
+     ["decoder_step::flex_decode::"]),
     ("`Record` (log-probabilities and tours)", ["decode::Record"]),
     ("`step_log_probs`' own operations", ["step_log_probs"]),
     ("`precompute`", ["precompute"]),

@@ -11,7 +11,8 @@ use crate::runtime::device::{in_rounds, runs_through_cubecl};
 
 /// Decode steps this process has taken, every decode and chunk together, for a progress
 /// display that reads it from another thread while a long decode runs. Decodes that run
-/// step by step count (the CPU backends'); a decode in one launch counts none.
+/// step by step count (the CPU backends'), and flex's whole multi-start decode counts as
+/// they would; a decode in one launch on CubeCL counts none.
 static STEPS_TAKEN: AtomicUsize = AtomicUsize::new(0);
 
 /// [`STEPS_TAKEN`] now: read it before and during a decode.

@@ -27,9 +27,27 @@ use super::flex_kernel::{self, CompatTables, Dims, Inputs, InstanceWork, Saved, 
 use crate::ops::row_kernels::{padded, unwritten};
 use crate::ops::sampling::inverse_cdf_picks;
 
-/// Steps these decodes have taken (the first unit's of each: a batch's steps, or one
-/// large instance's), for the progress display (`decode_steps_taken`).
+/// Steps these decodes have taken, for the progress display (`decode_steps_taken`): a
+/// decode's steps as the step-by-step decode counts them, one for each of its units'
+/// steps divided by its units, so that the count grows with the work done, however the
+/// units share the threads.
 static STEPS_TAKEN: AtomicUsize = AtomicUsize::new(0);
+
+/// One decode's count of its units' steps, and how many units it has.
+struct UnitSteps {
+    taken: AtomicUsize,
+    units: usize,
+}
+
+impl UnitSteps {
+    /// One more unit's step: one more of [`STEPS_TAKEN`] at every `units`-th.
+    fn add_one(&self) {
+        let taken = self.taken.fetch_add(1, Ordering::Relaxed) + 1;
+        if taken.is_multiple_of(self.units) {
+            STEPS_TAKEN.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
 
 /// [`STEPS_TAKEN`] now.
 pub(crate) fn steps_taken() -> usize {
@@ -207,13 +225,12 @@ pub(crate) struct UnitRun {
 
 /// Rows `rows` of instance `i` (its starts: row s begins at customer s + 1), to the end of
 /// their tours. With `keep`, each step keeps what the backward pass needs (`keep` says
-/// whether the attention weights are among it); with `count`, each step counts in
-/// [`STEPS_TAKEN`].
+/// whether the attention weights are among it); each step counts in `steps`.
 fn run_unit(
     batch: &Batch,
     plan: &Plan,
     (i, rows): (usize, std::ops::Range<usize>),
-    (keep, count): (Option<bool>, bool),
+    (keep, steps): (Option<bool>, &UnitSteps),
 ) -> UnitRun {
     let Dims {
         starts: s,
@@ -271,9 +288,7 @@ fn run_unit(
             });
         }
         state.step(&picks);
-        if count {
-            STEPS_TAKEN.fetch_add(1, Ordering::Relaxed);
-        }
+        steps.add_one();
     }
     run
 }
@@ -348,8 +363,12 @@ pub(crate) fn decode(batch: &Batch, plan: &Plan, keep: bool) -> DecodeRun {
         .flat_map(|i| (0..s).step_by(rows).map(move |r| (i, r..(r + rows).min(s))))
         .collect();
     let keep = keep.then(|| flex_kernel::keeps_attention(batch.dims));
-    let units: Vec<UnitRun> = (units.into_par_iter().enumerate())
-        .map(|(k, unit)| run_unit(batch, plan, unit, (keep, k == 0)))
+    let steps = UnitSteps {
+        taken: AtomicUsize::new(0),
+        units: units.len().max(1),
+    };
+    let units: Vec<UnitRun> = (units.into_par_iter())
+        .map(|unit| run_unit(batch, plan, unit, (keep, &steps)))
         .collect();
     let finished = units.iter().map(|u| u.finished_at).max().unwrap_or(1);
     DecodeRun {

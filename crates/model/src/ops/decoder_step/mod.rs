@@ -427,8 +427,8 @@ pub(crate) fn decode_on_flex(
     }
 }
 
-/// Decode steps taken by [`decode_on_flex`]'s decodes (each decode's first unit's), for a
-/// progress display.
+/// Decode steps taken by [`decode_on_flex`]'s decodes, as the step-by-step decodes count
+/// theirs, for a progress display.
 pub(crate) fn decode_on_flex_steps() -> usize {
     #[cfg(feature = "flex")]
     return flex_decode::steps_taken();
