@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use rayon::prelude::*;
 
 use super::flex_kernel::{self, CompatTables, Dims, Inputs, InstanceWork, Saved, Scale};
+use crate::ops::mask::{node_masks, MaskIn};
 use crate::ops::row_kernels::{padded, unwritten};
 use crate::ops::sampling::inverse_cdf_picks;
 
@@ -130,8 +131,8 @@ impl<'a> InstanceTables<'a> {
 }
 
 /// Some consecutive rows of one instance and their state: the node each stands at, its
-/// route's load and the customers it has served, compared with its loads as
-/// `crate::model::state::CvrpState` compares them.
+/// route's load and the customers it has served, stepped as `crate::model::state::CvrpState`
+/// steps.
 struct Rows<'a> {
     demands: &'a [f32],
     capacity: &'a [f32],
@@ -178,25 +179,23 @@ impl<'a> Rows<'a> {
         self.served.iter().all(|&served| served + 1 == self.nodes)
     }
 
-    /// The next step's mask (`[rows, N]`, 1 where a node may not be chosen) and each row's
-    /// remaining capacity fraction: `crate::ops::mask`'s rule, in its float operations.
+    /// The next step's mask (`[rows, N]`, 1 where a node may not be chosen), by the mask
+    /// operation's own rows ([`node_masks`]), and each row's remaining capacity fraction.
     fn mask(&self, mask: &mut [u8], remaining: &mut [f32]) {
-        let n = self.nodes;
-        for (r, (mask, visited)) in (mask.chunks_exact_mut(n))
-            .zip(self.visited.chunks_exact(n))
-            .enumerate()
-        {
-            let (demands, used) = (&self.demands[r * n..][..n], self.used[r]);
-            let limit = self.capacity[r] + self.tolerance;
-            // Without a branch a node, which vectorises.
-            let customers = mask[1..].iter_mut().zip(&visited[1..]).zip(&demands[1..]);
-            let mut all_blocked = 1;
-            for ((mask, &visited), &demand) in customers {
-                *mask = visited | u8::from(demand + used > limit);
-                all_blocked &= *mask;
-            }
-            mask[0] = u8::from(self.last_node[r] == 0 && all_blocked == 0);
-            remaining[r] = (self.capacity[r] - used) / self.capacity[r];
+        let at_depot: Vec<bool> = self.last_node.iter().map(|&node| node == 0).collect();
+        let x = MaskIn {
+            nodes: self.nodes,
+            demands: self.demands,
+            visited: &self.visited,
+            used: &self.used,
+            capacity: self.capacity,
+            tolerance: self.tolerance,
+            at_depot: &at_depot,
+        };
+        node_masks(&x, mask);
+        let rows = remaining.iter_mut().zip(self.capacity).zip(&self.used);
+        for ((remaining, &capacity), &used) in rows {
+            *remaining = (capacity - used) / capacity;
         }
     }
 }

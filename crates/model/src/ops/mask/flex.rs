@@ -40,19 +40,25 @@ fn mask_row(
 }
 
 /// Every row's mask `[R, N]`: `demands` and `visited` `[R, N]`, `used` and `capacity` `[R]`.
-struct MaskIn<'a> {
-    nodes: usize,
-    demands: &'a [f32],
-    visited: &'a [u8],
-    used: &'a [f32],
-    capacity: &'a [f32],
-    tolerance: f32,
-    at_depot: &'a [bool],
+pub(crate) struct MaskIn<'a> {
+    pub nodes: usize,
+    pub demands: &'a [f32],
+    pub visited: &'a [u8],
+    pub used: &'a [f32],
+    pub capacity: &'a [f32],
+    pub tolerance: f32,
+    pub at_depot: &'a [bool],
 }
 
 simd_dispatch! {
     /// [`mask_rows`] compiled for the widest vectors the CPU has.
     fn mask_rows_dispatch => mask_rows(x: &MaskIn, out: &mut [u8])
+}
+
+/// Every row's mask into `out` (`[R, N]`, 1 = masked): what [`MaskBackend::node_mask`]
+/// gives, on slices (flex's whole decode masks its rows with it too).
+pub(crate) fn node_masks(x: &MaskIn, out: &mut [u8]) {
+    mask_rows_dispatch(x, out);
 }
 
 /// Row by row, [`mask_row`]. `M` is unused: what the dispatch gives is the loop compiled

@@ -100,3 +100,5 @@ mod extension {
 
 #[cfg(feature = "flex")]
 mod flex;
+#[cfg(feature = "flex")]
+pub(crate) use flex::{node_masks, MaskIn};
