@@ -37,6 +37,41 @@ pub(crate) trait MulAdd {
     /// One chunk of [`kept_max`]: `max[i]` becomes `values[i]` where `keep[i]` is
     /// non-zero and `values[i] > max[i]`.
     fn kept_max8(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]);
+    /// [`kept_max`]: the largest of `values` where `keep` is non-zero (−∞ when none is),
+    /// over whole 8-lane chunks. A maximum's value does not depend on the order its
+    /// values are met in (a NaN is passed over in every form), so each form may take its
+    /// own lanes; only a zero maximum's sign may, which no softmax shows (`v − (±0)` is the
+    /// same unless v is −0, and e^(−0) = e^(+0)).
+    #[inline(always)]
+    fn kept_max(values: &[f32], keep: &[f32]) -> f32 {
+        let mut max = [f32::NEG_INFINITY; 8];
+        for (v, k) in values.chunks_exact(8).zip(keep.chunks_exact(8)) {
+            Self::kept_max8(
+                v.try_into().expect("8 lanes"),
+                k.try_into().expect("8 lanes"),
+                &mut max,
+            );
+        }
+        max.iter()
+            .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+    }
+    /// `out[i] = values[i] · factor` for each `i` of `out`.
+    #[inline(always)]
+    fn scaled_into(values: &[f32], factor: f32, out: &mut [f32]) {
+        // Whole 8-lane chunks, then lane by lane (where LLVM would end the loop in masked
+        // stores, as `Avx512Lanes::store_first` avoids them).
+        let n = out.len();
+        let mut chunks = out.chunks_exact_mut(8);
+        let mut row = values[..n].chunks_exact(8);
+        for (o, v) in (&mut chunks).zip(&mut row) {
+            for (o, &v) in o.iter_mut().zip(v) {
+                *o = v * factor;
+            }
+        }
+        for (o, &v) in chunks.into_remainder().iter_mut().zip(row.remainder()) {
+            *o = v * factor;
+        }
+    }
     /// [`kept_exp_sum`]: `values[i] = e^(values[i] − max) · keep[i]` in whole 8-lane
     /// chunks; returns their sum.
     #[inline(always)]
@@ -154,6 +189,12 @@ impl MulAdd for Wide {
 
     #[inline(always)]
     fn exp_chunks(x: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as for `kept_exp_sum`.
+        unsafe {
+            exp_chunks_avx512(x)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
         Fused::exp_chunks(x)
     }
 
@@ -165,6 +206,28 @@ impl MulAdd for Wide {
     #[inline(always)]
     fn kept_max8(values: &[f32; 8], keep: &[f32; 8], max: &mut [f32; 8]) {
         Fused::kept_max8(values, keep, max)
+    }
+
+    #[inline(always)]
+    fn kept_max(values: &[f32], keep: &[f32]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as for `kept_exp_sum`.
+        unsafe {
+            kept_max_avx512(values, keep)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Fused::kept_max(values, keep)
+    }
+
+    #[inline(always)]
+    fn scaled_into(values: &[f32], factor: f32, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as for `kept_exp_sum`.
+        unsafe {
+            scaled_into_avx512(values, factor, out)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Fused::scaled_into(values, factor, out)
     }
 
     #[inline(always)]
@@ -1233,6 +1296,33 @@ fn exp_chunks_avx2<const FUSED: bool>(x: &mut [f32]) {
     }
 }
 
+/// [`exp_chunks_avx2`]'s fused form with two chunks to each 16-lane AVX-512 register (the
+/// last chunk alone when their count is odd): the same operations lane by lane.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+fn exp_chunks_avx512(x: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let chunks = x.len() / 8;
+    for (c, k) in chunk_groups(chunks / 2) {
+        let group = &mut x[16 * c..16 * (c + k)];
+        with_group_size!(k, K => {
+            let mut v = [_mm512_setzero_ps(); K];
+            for (p, v) in v.iter_mut().enumerate() {
+                // SAFETY: pair p's 16 floats are within `group` (16·K floats).
+                *v = unsafe { _mm512_loadu_ps(group.as_ptr().add(16 * p)) };
+            }
+            for (p, e) in exp_avx512::<K>(v).iter().enumerate() {
+                // SAFETY: as above.
+                unsafe { _mm512_storeu_ps(group.as_mut_ptr().add(16 * p), *e) };
+            }
+        });
+    }
+    if chunks % 2 == 1 {
+        exp_in_place::<true, 1>(&mut x[8 * (chunks - 1)..8 * chunks]);
+    }
+}
+
 /// `K` chunks (`x` holds `8·K` floats) of [`exp_chunks_avx2`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
@@ -1326,19 +1416,89 @@ fn sub_mul_avx2<const FUSED: bool>(
     }
 }
 
-/// The largest of `values` where `keep` is non-zero (−∞ when none is), 8 lanes at a time.
+/// The largest of `values` where `keep` is non-zero (−∞ when none is), over whole 8-lane
+/// chunks.
 #[inline(always)]
 pub(crate) fn kept_max<M: MulAdd>(values: &[f32], keep: &[f32]) -> f32 {
-    let mut max = [f32::NEG_INFINITY; 8];
-    for (v, k) in values.chunks_exact(8).zip(keep.chunks_exact(8)) {
-        M::kept_max8(
-            v.try_into().expect("8 lanes"),
-            k.try_into().expect("8 lanes"),
-            &mut max,
-        );
+    M::kept_max(values, keep)
+}
+
+/// [`MulAdd::kept_max`] in 16-lane AVX-512 registers: two chunks a register (the last
+/// chunk alone in the low half when their count is odd), each lane's running maximum
+/// kept as [`kept_max8_avx2`] keeps it.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+fn kept_max_avx512(values: &[f32], keep: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let chunks = values.len().min(keep.len()) / 8;
+    let mut max = _mm512_set1_ps(f32::NEG_INFINITY);
+    for pair in 0..chunks.div_ceil(2) {
+        let lanes: __mmask16 = if 2 * pair + 1 < chunks {
+            0xFFFF
+        } else {
+            0x00FF
+        };
+        // SAFETY: the masked lanes are within the whole chunks of `values` and `keep`.
+        let (v, k) = unsafe {
+            (
+                _mm512_maskz_loadu_ps(lanes, values.as_ptr().add(16 * pair)),
+                _mm512_maskz_loadu_ps(lanes, keep.as_ptr().add(16 * pair)),
+            )
+        };
+        // `keep != 0.0` is true for NaN too: unordered not-equal.
+        let kept = _mm512_mask_cmp_ps_mask::<_CMP_NEQ_UQ>(lanes, k, _mm512_setzero_ps());
+        let candidate = _mm512_mask_blend_ps(kept, _mm512_set1_ps(f32::NEG_INFINITY), v);
+        max = _mm512_max_ps(candidate, max);
     }
-    max.iter()
-        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+    // Halves against halves: no lane holds NaN (`max_ps` returns its second operand, the
+    // running maximum, when the candidate is NaN), so the order changes no value.
+    let high = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(max));
+    let eight = _mm256_max_ps(_mm512_castps512_ps256(max), _mm256_castpd_ps(high));
+    let four = _mm_max_ps(
+        _mm256_castps256_ps128(eight),
+        _mm256_extractf128_ps::<1>(eight),
+    );
+    let two = _mm_max_ps(four, _mm_movehl_ps(four, four));
+    let one = _mm_max_ss(two, _mm_shuffle_ps::<0b01>(two, two));
+    _mm_cvtss_f32(one)
+}
+
+/// [`MulAdd::scaled_into`] in 16-lane AVX-512 registers, the last few lanes in an 8-lane
+/// register and one by one (no masked stores).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+fn scaled_into_avx512(values: &[f32], factor: f32, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = out.len();
+    assert!(values.len() >= n);
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: lanes i..i + 16 are within `values` and `out` (n ≤ values.len()).
+        unsafe {
+            let v = _mm512_loadu_ps(values.as_ptr().add(i));
+            _mm512_storeu_ps(
+                out.as_mut_ptr().add(i),
+                _mm512_mul_ps(v, _mm512_set1_ps(factor)),
+            );
+        }
+        i += 16;
+    }
+    if i + 8 <= n {
+        // SAFETY: as above, for lanes i..i + 8.
+        unsafe {
+            let v = _mm256_loadu_ps(values.as_ptr().add(i));
+            _mm256_storeu_ps(
+                out.as_mut_ptr().add(i),
+                _mm256_mul_ps(v, _mm256_set1_ps(factor)),
+            );
+        }
+        i += 8;
+    }
+    for (o, &v) in out[i..].iter_mut().zip(&values[i..n]) {
+        *o = v * factor;
+    }
 }
 
 /// `values[i] = e^(values[i] − max) · keep[i]` in whole 8-lane chunks; returns their sum.
@@ -1386,19 +1546,11 @@ pub(crate) fn masked_softmax_rows<M: MulAdd, const R: usize>(
         *inverse = 1.0 / kept_exp_sum::<M>(row, max[r], &keep[r * np..][..np]);
     }
     for (r, inverse) in inverse.iter().enumerate() {
-        let row_out = &mut out[r * out_stride..][..n];
-        // Whole 8-lane chunks, then lane by lane (where LLVM would end the loop in masked
-        // stores, as `Avx512Lanes::store_first` avoids them).
-        let mut chunks = row_out.chunks_exact_mut(8);
-        let mut row = values[r * np..][..n].chunks_exact(8);
-        for (o, v) in (&mut chunks).zip(&mut row) {
-            for (o, &v) in o.iter_mut().zip(v) {
-                *o = v * inverse;
-            }
-        }
-        for (o, &v) in chunks.into_remainder().iter_mut().zip(row.remainder()) {
-            *o = v * inverse;
-        }
+        M::scaled_into(
+            &values[r * np..][..n],
+            *inverse,
+            &mut out[r * out_stride..][..n],
+        );
     }
 }
 
@@ -1866,16 +2018,64 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX2 and FMA");
             return;
         }
-        for chunks in [1, 2, 3, 4, 5, 6, 7, 13, 66, 67] {
+        for chunks in [1, 2, 3, 4, 5, 6, 7, 13, 14, 15, 66, 67] {
             let inputs = pseudo_random(8 * chunks, 5, 40.0);
             let mut got = inputs.clone();
             Fused::exp_chunks(&mut got);
+            // Two chunks a register under AVX-512: even and odd counts, every group size.
+            let mut wide = inputs.clone();
+            if has_avx512() {
+                // SAFETY: the CPU has AVX-512 F, AVX2 and FMA (checked).
+                unsafe { exp_chunks_avx512(&mut wide) };
+            }
             for (k, chunk) in inputs.chunks_exact(8).enumerate() {
                 let mut want: [f32; 8] = chunk.try_into().expect("8 lanes");
                 Fused::exp8(&mut want);
                 assert_eq!(bits(&got[8 * k..8 * k + 8]), bits(&want), "{chunks} chunks");
+                if has_avx512() {
+                    let wide = &wide[8 * k..8 * k + 8];
+                    assert_eq!(bits(wide), bits(&want), "{chunks} chunks, AVX-512");
+                }
             }
         }
+    }
+
+    /// The AVX-512 maximum and scaling against the eight-lane forms: the same bits over
+    /// odd and even chunk counts, kept and masked lanes (none kept, a kept NaN); a maximum
+    /// of signed zeros only the same value (its sign follows the order the zeros are met
+    /// in, and a softmax subtracts it from every value, where ±0 give the same).
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn avx512_kept_max_and_scaling_give_the_eight_lane_bits() {
+        if !has_avx512() {
+            eprintln!("skipped: this CPU has no AVX-512");
+            return;
+        }
+        for chunks in [1, 2, 3, 4, 7, 13, 16, 17] {
+            let mut values = pseudo_random(8 * chunks, 9, 30.0);
+            values[0] = f32::NAN;
+            let masks: [fn(usize) -> bool; 4] =
+                [|_| true, |i| i % 3 != 1, |i| i % 11 == 4, |_| false];
+            for (m, kept) in masks.iter().enumerate() {
+                let keep: Vec<f32> = (0..values.len()).map(|i| f32::from(kept(i))).collect();
+                // SAFETY: the CPU has AVX-512 F, AVX2 and FMA (checked above).
+                let wide = unsafe { kept_max_avx512(&values, &keep) };
+                let eight = kept_max::<Fused>(&values, &keep);
+                assert_eq!(wide.to_bits(), eight.to_bits(), "{chunks} chunks, mask {m}");
+            }
+            for n in [8 * chunks - 7, 8 * chunks - 1, 8 * chunks] {
+                let (mut wide, mut eight) = (vec![0.0; n], vec![0.0; n]);
+                // SAFETY: as above.
+                unsafe { scaled_into_avx512(&values, 0.37, &mut wide) };
+                Fused::scaled_into(&values, 0.37, &mut eight);
+                assert_eq!(bits(&wide), bits(&eight), "{n} lanes");
+            }
+        }
+        let mut signed_zeros = [-0.0f32; 16];
+        signed_zeros[8..].fill(0.0);
+        // SAFETY: as above.
+        let wide = unsafe { kept_max_avx512(&signed_zeros, &[1.0; 16]) };
+        assert!(wide == 0.0 && kept_max::<Fused>(&signed_zeros, &[1.0; 16]) == 0.0);
     }
 
     /// The exponentials' groups, by hand: every chunk once and in order, fours, and the
