@@ -426,6 +426,7 @@ impl DecodeRun {
             attention: None,
             glimpse: Vec::new(),
             tanh: Vec::new(),
+            piece_rows: s,
         };
         let per_instance = (dv.par_chunks_mut(nd).zip(dl.par_chunks_mut(nd)))
             .zip(dt.par_chunks_mut(table))

@@ -88,15 +88,26 @@ pub(super) fn backward_unit(
     (kernel, buffers): (BackwardInstance, &mut BackBuffers),
 ) {
     let (n, s, w) = (dims.nodes, dims.starts, from.x.query_grad_width(dims));
-    let at = i * s;
+    let (at, piece_rows) = (i * s, from.saved.piece_rows);
     let forced = forced_choices(&from.x.mask[at * n..(at + s) * n], n);
     let grads = from.grad_out[at * n..(at + s) * n].chunks_exact(n);
-    let mut live = Vec::with_capacity(s);
+    let (mut live, mut slots) = (Vec::with_capacity(s), Vec::with_capacity(s));
+    let mut slot = 0;
     for (r, (choice, grad)) in forced.iter().zip(grads).enumerate() {
-        if choice.is_some() || without_gradient(grad) {
+        if r % piece_rows == 0 {
+            slot = r;
+        }
+        if choice.is_some() {
+            dq[r * w..(r + 1) * w].fill(0.0);
+            continue;
+        }
+        // The forward pass kept the row at its piece's next slot ([`super::Saved`]).
+        slot += 1;
+        if without_gradient(grad) {
             dq[r * w..(r + 1) * w].fill(0.0);
         } else {
             live.push(r);
+            slots.push(slot - 1);
         }
     }
     if live.is_empty() {
@@ -108,7 +119,8 @@ pub(super) fn backward_unit(
             dt.out.fill(0.0);
         }
     } else {
-        kernel(dims, scale, (from, i), (dq, dk, dv, dl, dt), buffers, &live);
+        let live = (&live[..], &slots[..]);
+        kernel(dims, scale, (from, i), (dq, dk, dv, dl, dt), buffers, live);
     }
 }
 
@@ -212,6 +224,7 @@ mod tests {
             attention: None,
             glimpse: vec![0.0; dims.rows() * d],
             tanh: vec![0.0; dims.rows() * n],
+            piece_rows: s,
         };
         let mut attention = vec![0.0; dims.rows() * h * n];
         for i in 0..dims.instances {
@@ -256,7 +269,7 @@ mod tests {
                 (&from, i),
                 out,
                 &mut BackBuffers::default(),
-                &every,
+                (&every, &every),
             );
         }
         if x.compat.is_none() {
