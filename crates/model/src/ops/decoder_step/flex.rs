@@ -115,8 +115,8 @@ impl DecoderStepBackend for Flex {
 struct DecoderStepBackward;
 
 impl Backward<Flex, 4> for DecoderStepBackward {
-    /// The inputs, the output and the forward pass's intermediates.
-    type State = (StepTensors, FlexTensor, Saved);
+    /// The inputs and the forward pass's intermediates.
+    type State = (StepTensors, Saved);
 
     fn backward(
         self,
@@ -124,13 +124,12 @@ impl Backward<Flex, 4> for DecoderStepBackward {
         grads: &mut Gradients,
         _checkpointer: &mut Checkpointer,
     ) {
-        let (step, log_probs, saved) = ops.state;
+        let (step, saved) = ops.state;
         let grad_out = grads.consume::<Flex>(&ops.node).to_contiguous();
         let g = flex_kernel::backward(
             step.dims,
             step.scale,
             &step.inputs(),
-            floats(&log_probs),
             &saved,
             floats(&grad_out),
         );
@@ -184,7 +183,7 @@ impl<C: CheckpointStrategy> DecoderStepBackend for Autodiff<Flex, C> {
         {
             OpsKind::Tracked(prep) => {
                 let (log_probs, saved) = step.forward();
-                prep.finish((step, log_probs.clone(), saved), log_probs)
+                prep.finish((step, saved), log_probs)
             }
             OpsKind::UnTracked(prep) => prep.finish(step.log_probs()),
         }
@@ -333,9 +332,9 @@ type Tracked = FloatTensor<Autodiff<Flex>>;
 type Shared = [Option<Tracked>; 4];
 
 impl Backward<Flex, 7> for ContextStepBackward {
-    /// The step's tensors, the rows' contexts, the output, the forward pass's
-    /// intermediates and the shared inputs.
-    type State = (StepTensors, RowContexts, FlexTensor, Saved, Shared);
+    /// The step's tensors, the rows' contexts, the forward pass's intermediates and the
+    /// shared inputs.
+    type State = (StepTensors, RowContexts, Saved, Shared);
 
     fn backward(
         self,
@@ -343,7 +342,7 @@ impl Backward<Flex, 7> for ContextStepBackward {
         grads: &mut Gradients,
         _checkpointer: &mut Checkpointer,
     ) {
-        let (step, rows, log_probs, saved, shared) = ops.state;
+        let (step, rows, saved, shared) = ops.state;
         let grad_out = grads.consume::<Flex>(&ops.node).to_contiguous();
         let mut sums = shared.map(|input| sum_so_far(input?, grads));
         let g = {
@@ -355,7 +354,7 @@ impl Backward<Flex, 7> for ContextStepBackward {
                 logit_keys: next(),
                 compat_tables: next(),
             };
-            let saved = (&step.inputs(), floats(&log_probs), &saved);
+            let saved = (&step.inputs(), &saved);
             flex_kernel::backward_adding(step.dims, step.scale, saved, floats(&grad_out), sums)
         };
         let shape = |t: &FlexTensor| t.layout().shape().clone();
@@ -478,7 +477,7 @@ impl<C: CheckpointStrategy> ContextStepBackend for Autodiff<Flex, C> {
         {
             OpsKind::Tracked(prep) => {
                 let (log_probs, saved) = step.forward();
-                prep.finish((step, rows, log_probs.clone(), saved, shared), log_probs)
+                prep.finish((step, rows, saved, shared), log_probs)
             }
             OpsKind::UnTracked(prep) => prep.finish(step.log_probs()),
         }

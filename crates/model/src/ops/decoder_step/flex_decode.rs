@@ -201,12 +201,12 @@ impl<'a> Rows<'a> {
 }
 
 /// What a step kept for the backward pass: the rows' mask, nodes and remaining capacity
-/// fractions it met, its log-probabilities and the forward pass's saved values.
+/// fractions it met, and the forward pass's saved values (its log-probabilities are not
+/// among them: the backward pass remakes them from [`Saved::log_sum`]).
 struct KeptStep {
     mask: Vec<u8>,
     last_node: Vec<usize>,
     remaining: Vec<f32>,
-    log_probs: Vec<f32>,
     saved: Saved,
 }
 
@@ -282,7 +282,6 @@ fn run_unit(
                 mask,
                 last_node,
                 remaining,
-                log_probs,
                 saved,
             });
         }
@@ -426,6 +425,7 @@ impl DecodeRun {
             attention: None,
             glimpse: Vec::new(),
             tanh: Vec::new(),
+            log_sum: Vec::new(),
             piece_rows: s,
         };
         let per_instance = (dv.par_chunks_mut(nd).zip(dl.par_chunks_mut(nd)))
@@ -441,7 +441,7 @@ impl DecodeRun {
                     let sums = [&mut dv[..], &mut dl[..], &mut dt[..]];
                     let Some(step) = unit.kept.get(t - 1) else {
                         let x = tables.inputs(&finished, &nowhere.0, &nowhere.1);
-                        let step = (&x, &[][..], &unread, &grad_out[..]);
+                        let step = (&x, &unread, &grad_out[..]);
                         flex_kernel::backward_instance_step(dims, scale, step, sums, adding, work);
                         continue;
                     };
@@ -450,7 +450,7 @@ impl DecodeRun {
                         grad_out[r * n + c] = 0.0 + g;
                     }
                     let x = tables.inputs(&step.mask, &step.last_node, &step.remaining);
-                    let step_in = (&x, &step.log_probs[..], &step.saved, &grad_out[..]);
+                    let step_in = (&x, &step.saved, &grad_out[..]);
                     flex_kernel::backward_instance_step(dims, scale, step_in, sums, adding, work);
                     for (r, &c) in chosen.iter().enumerate() {
                         grad_out[r * n + c] = 0.0;

@@ -129,7 +129,7 @@ mod tests {
     use super::super::tests::{same, StepData};
     use super::super::{
         backward_instance, backward_instance_dispatch, forward_piece, forward_piece_dispatch,
-        forward_with, Grads, Pieces, Saved, TableGrad,
+        forward_with, Grads, KeptOut, Pieces, Saved, TableGrad,
     };
     use super::*;
     use crate::ops::row_kernels::Plain;
@@ -224,24 +224,25 @@ mod tests {
             attention: None,
             glimpse: vec![0.0; dims.rows() * d],
             tanh: vec![0.0; dims.rows() * n],
+            log_sum: vec![0.0; dims.rows()],
             piece_rows: s,
         };
         let mut attention = vec![0.0; dims.rows() * h * n];
         for i in 0..dims.instances {
             let out = PieceOut {
                 log_probs: &mut log_probs[i * s * n..][..s * n],
-                kept: Some((
-                    &mut saved.glimpse[i * s * d..][..s * d],
-                    &mut saved.tanh[i * s * n..][..s * n],
-                    Some(&mut attention[i * s * h * n..][..s * h * n]),
-                )),
+                kept: Some(KeptOut {
+                    glimpse: &mut saved.glimpse[i * s * d..][..s * d],
+                    tanh: &mut saved.tanh[i * s * n..][..s * n],
+                    log_sum: &mut saved.log_sum[i * s..][..s],
+                    attention: Some(&mut attention[i * s * h * n..][..s * h * n]),
+                }),
             };
             forward(dims, scale, (&x, i, 0), out, &every);
         }
         saved.attention = Some(attention);
         let from = BackIn {
             x: &x,
-            log_probs: &log_probs,
             saved: &saved,
             grad_out: &data.grad_out,
         };
