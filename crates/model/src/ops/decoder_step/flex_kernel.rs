@@ -332,10 +332,11 @@ const KEPT_ATTENTION_BYTES: usize = 32 << 20;
 /// decode of about N steps would keep at most [`KEPT_ATTENTION_BYTES`] of them. They
 /// were two thirds of what a training decode kept (4.8 GB of a POMO CVRP100 step's
 /// peak); recomputed, they cost one of the forward pass's three products (with
-/// [`CompatTables`], a lookup) and its softmaxes again. Keeping them is ~8% faster at
-/// n = 20 (POMO, batch 64 in two shards: 9 MB a decode); at n = 40 and 50 (69 and
-/// 133 MB) writing them out and reading them back cost as much as the softmaxes again
-/// or more, and recomputing them took 40-47% off the step's peak memory.
+/// [`CompatTables`], a lookup) and its softmaxes again. Keeping them is a few per cent
+/// faster at n = 20 (POMO, batch 64 in two shards: 9 MB a decode; 0.060-0.066 s a step
+/// against 0.062-0.071); at n = 40 and 50 (69 and 133 MB a decode), and at n = 20 with
+/// batch 512 (72 MB), writing them out and reading them back cost as much as the
+/// softmaxes again or more, and recomputing them took 23-47% off the step's peak memory.
 pub(super) fn keeps_attention(dims: Dims) -> bool {
     let per_step = dims.rows() * dims.heads * dims.nodes;
     per_step.saturating_mul(dims.nodes).saturating_mul(4) <= KEPT_ATTENTION_BYTES
