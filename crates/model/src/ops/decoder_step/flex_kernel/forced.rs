@@ -52,8 +52,8 @@ fn without_gradient(grad: &[f32]) -> bool {
 }
 
 /// Rows `first..` of instance `i` (as many as `out` holds) through `kernel`, its forced
-/// rows left out. What the forward pass keeps for a forced row is left unwritten: the
-/// backward pass leaves those rows out too.
+/// rows left out. The forward pass keeps nothing for a forced row (the others' values are
+/// packed, [`super::Saved`]): the backward pass leaves those rows out too.
 pub(super) fn forward_unit(
     dims: Dims,
     scale: Scale,
