@@ -611,8 +611,11 @@ impl RowsAt {
 /// `R` rows' weighted sums over the same `rows`: row r's `out[..width] = Σ_k c(r, k) ·
 /// rows[k·stride ..][..width]`, with c(r, k) where `at` says. Each output is summed in k
 /// order whatever `R` is, so blocking rows, or the vectors' width, changes no result. The
-/// sums stay in registers, three vectors of `R` ≤ 4 rows at a time (4 × 3 sums, 3 keys
-/// and a coefficient fill AVX2's 16 registers), two of 8 rows, four of a single row.
+/// sums stay in registers: four vectors of a single row at a time, three of 2 rows, and
+/// in 16-lane vectors three of 4 rows and two of 8; in 8-lane vectors two of 4 rows
+/// (AVX2's 16 registers: 4 × 3 sums, 3 keys and a coefficient would fill all of them, and
+/// LLVM kept one sum on the stack, a store and a load between every multiply-add of its
+/// chain: the step's products ran at half speed; 8 chains keep two FMA units busy).
 /// Under [`Wide`] every lane is in 16-lane vectors, the last one partial (masked loads
 /// and stores); otherwise in 8-lane vectors, and lanes past a multiple of 8 one by one.
 /// Dense: a branch per coefficient on the mask's pattern cost more than the multiply-adds
@@ -677,12 +680,19 @@ fn weighted_vectors<V: Lanes, const R: usize, const PARTIAL: bool, T: Terms>(
     let per_block = match R {
         1 => 4,
         8 => 2,
+        4 if V::LANES == 8 => 2,
         _ => 3,
     };
     let mut start = 0;
     // The lanes of a block's last vector.
-    let last_lanes =
-        |start: usize, vectors: usize| (width - start - (vectors - 1) * V::LANES).min(V::LANES);
+    // (Whole vectors only: a constant, so the loop has no test for a partial load.)
+    let last_lanes = |start: usize, vectors: usize| {
+        if PARTIAL {
+            (width - start - (vectors - 1) * V::LANES).min(V::LANES)
+        } else {
+            V::LANES
+        }
+    };
     for _ in 0..vectors / per_block {
         let block = (start, last_lanes(start, per_block));
         match per_block {

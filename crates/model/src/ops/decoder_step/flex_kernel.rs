@@ -18,7 +18,7 @@
 //! An instance's rows (its POMO starts) go through the products in blocks of
 //! [`MulAdd::ROW_BLOCK`] (4 under AVX2, 8 under AVX-512): alone, a row keeps two or three
 //! vectors of sums in flight and each multiply-add waits on the one before; a block's rows
-//! share every key vector loaded and keep 12 (AVX2) or 16 (AVX-512). Each output is still
+//! share every key vector loaded and keep 8 (AVX2) or 12 to 16 (AVX-512). Each output is still
 //! summed in the same order, so the block size changes no number. The forms are picked
 //! per instance ([`simd_dispatch`]).
 //!
