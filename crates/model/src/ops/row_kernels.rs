@@ -753,16 +753,22 @@ fn weighted_rows_block<V: Lanes, const R: usize, const B: usize, T: Terms>(
         let first = rows[start..].as_ptr();
         for k in terms.iter() {
             let row = first.wrapping_add(k * stride);
-            // SAFETY: row k starts at rows[k·stride + start] and is read `lanes` floats
-            // on, within `rows` by the assertion above.
-            let x: [V; B] = std::array::from_fn(|b| unsafe {
-                let at = row.add(b * V::LANES);
-                if b + 1 < B || last_lanes == V::LANES {
-                    V::load(at)
-                } else {
-                    V::load_first(at, last_lanes)
-                }
-            });
+            // A loop, not `array::from_fn`: its closure is a function of its own, which
+            // LLVM once left as a call in the AVX-512 backward kernel (a call a term, and
+            // every sum of the block stored and reloaded around it).
+            let mut x = [V::zero(); B];
+            for (b, x) in x.iter_mut().enumerate() {
+                // SAFETY: row k starts at rows[k·stride + start] and is read `lanes`
+                // floats on, within `rows` by the assertion above.
+                *x = unsafe {
+                    let at = row.add(b * V::LANES);
+                    if b + 1 < B || last_lanes == V::LANES {
+                        V::load(at)
+                    } else {
+                        V::load_first(at, last_lanes)
+                    }
+                };
+            }
             for (r, acc) in acc.iter_mut().enumerate() {
                 // SAFETY: r < R and k ≤ last: within `coefs` (asserted).
                 let c = unsafe { *coefs.get_unchecked(at.coef(r, k)) };
